@@ -1,14 +1,139 @@
-"""`otel-guard serve` (placeholder until its issue lands)."""
+"""`otel-guard serve`: run the guard service (OTLP, GuardControl, GuardAdmin, health) on one port.
+
+The policy file (``--config guard.yaml``, DESIGN §3.3b) is loaded with PyYAML and validated by
+``PolicyConfig.from_dict``. Records go to the embedded ClickHouse under ``--data-dir`` unless
+``--clickhouse DSN`` is given; ``--no-store`` runs without one. SIGTERM/SIGINT drain within
+``--drain-s`` seconds (default 10; the Helm chart's terminationGracePeriodSeconds is 15).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "load_config", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--listen", default="127.0.0.1:4317", help="HOST:PORT to bind (default 127.0.0.1:4317)"
+    )
+    parser.add_argument("--config", default=None, help="policy file (YAML, DESIGN §3.3b)")
+    parser.add_argument(
+        "--clickhouse", default=None, help="store DSN, e.g. http://user:pass@host:8123/"
+    )
+    parser.add_argument(
+        "--data-dir", default="./.otel-guard", help="embedded store and spool directory"
+    )
+    parser.add_argument("--no-store", action="store_true", help="keep no records (NullSink)")
+    parser.add_argument(
+        "--insecure-bind-any",
+        action="store_true",
+        help="allow a non-loopback --listen without an auth section (development only)",
+    )
+    parser.add_argument("--tls-cert", default=None, help="PEM server certificate")
+    parser.add_argument("--tls-key", default=None, help="PEM server private key")
+    parser.add_argument("--tls-client-ca", default=None, help="PEM CA; require client certs")
+    parser.add_argument(
+        "--drain-s", type=float, default=10.0, help="graceful drain bound on SIGTERM (seconds)"
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--json", action="store_true", help="print the bound address as JSON")
+
+
+def load_config(path: str | None) -> Any:
+    """Read and validate a policy file (``None`` -> built-in defaults)."""
+    from guard.errors import ConfigError
+    from guard.policy import PolicyConfig
+
+    if path is None:
+        return PolicyConfig.from_dict(None)
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read policy file: {exc}", path=path) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", path=path) from None
+    return PolicyConfig.from_dict(data)
+
+
+def _open_sink(args: argparse.Namespace, config: Any) -> Any:
+    if args.no_store:
+        return None
+    try:
+        from guard.store import open_store
+    except ImportError:
+        print("otel-guard: guard.store unavailable; running without a store", file=sys.stderr)
+        return None
+    from pathlib import Path
+
+    retention = getattr(getattr(config, "store", None), "retention_days", 90)
+    return open_store(args.clickhouse, data_dir=Path(args.data_dir), retention_days=retention)
+
+
+async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:
+    import asyncio
+    import signal
+
+    from guard.server import GuardServer, TlsFiles
+
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            from guard.errors import ConfigError
+
+            raise ConfigError("--tls-cert and --tls-key go together", path="tls")
+        tls = TlsFiles(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca)
+    server = GuardServer(
+        config,
+        listen=args.listen,
+        sink=sink,
+        tls=tls,
+        insecure_bind_any=args.insecure_bind_any,
+        drain_s=args.drain_s,
+    )
+    await server.start()
+    if args.json:
+        print(json.dumps({"address": server.address, "guard_id": server.guard_id}), flush=True)
+    else:
+        print(f"otel-guard listening on {server.address} (guard_id {server.guard_id})", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print(f"otel-guard draining (at most {args.drain_s:g}s)", file=sys.stderr, flush=True)
+    await server.stop()
 
 
 def run(args: argparse.Namespace) -> int:
-    print("otel-guard serve arrives in a later issue")
-    return 2
+    import asyncio
+    import logging
+
+    from guard.errors import GuardError
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+        sink = _open_sink(args, config)
+    except GuardError as exc:
+        print(f"otel-guard serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(args, config, sink))
+    except GuardError as exc:
+        print(f"otel-guard serve: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        close = getattr(sink, "close", None)
+        if close is not None:
+            close(timeout_s=2.0)  # already flushed inside the drain; this only closes
+    return 0

@@ -1,0 +1,92 @@
+"""The pure policy engine: budgets, the decision order, rolling windows, loop and stagnation
+detection, canonicalisation and fingerprints, forecasting and the policy file.
+
+No I/O and no grpc, OpenTelemetry, ClickHouse or yaml imports (a test enforces it): the SDK
+and the guard run this same code, so a decision means the same thing on both sides.
+"""
+
+from guard.policy._budget import Budget, Remaining, Reservation
+from guard.policy._config import (
+    DEFAULT_PRICE_BOOK,
+    AuthConfig,
+    GuardSettings,
+    ModelPrice,
+    PolicyConfig,
+    PriceBook,
+    StoreSettings,
+    limits_to_dict,
+)
+from guard.policy._decide import SoftLevel, decide, utilisation
+from guard.policy._fingerprint import Fingerprinter, canonicalize, hash64
+from guard.policy._forecast import Forecast, Forecaster
+from guard.policy._loops import LoopDetector, LoopVerdict
+from guard.policy._parse import parse_limits
+from guard.policy._presets import PRESETS
+from guard.policy._rolling import (
+    ROLLING_METRICS,
+    RollingLimit,
+    RollingWindow,
+    TenantBudget,
+    TenantLimits,
+    TenantReservation,
+)
+from guard.policy._types import (
+    CONTINUE,
+    DEFAULT_SOFT_THRESHOLDS,
+    REASON_STATUS,
+    Action,
+    DecidedBy,
+    Decision,
+    Limits,
+    LoopSettings,
+    Outcome,
+    Phase,
+    Reason,
+    Status,
+    Usage,
+)
+
+__all__ = [
+    "CONTINUE",
+    "DEFAULT_PRICE_BOOK",
+    "DEFAULT_SOFT_THRESHOLDS",
+    "PRESETS",
+    "REASON_STATUS",
+    "ROLLING_METRICS",
+    "Action",
+    "AuthConfig",
+    "Budget",
+    "DecidedBy",
+    "Decision",
+    "Fingerprinter",
+    "Forecast",
+    "Forecaster",
+    "GuardSettings",
+    "Limits",
+    "LoopDetector",
+    "LoopSettings",
+    "LoopVerdict",
+    "ModelPrice",
+    "Outcome",
+    "Phase",
+    "PolicyConfig",
+    "PriceBook",
+    "Reason",
+    "Remaining",
+    "Reservation",
+    "RollingLimit",
+    "RollingWindow",
+    "SoftLevel",
+    "Status",
+    "StoreSettings",
+    "TenantBudget",
+    "TenantLimits",
+    "TenantReservation",
+    "Usage",
+    "canonicalize",
+    "decide",
+    "hash64",
+    "limits_to_dict",
+    "parse_limits",
+    "utilisation",
+]

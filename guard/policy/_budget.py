@@ -1,0 +1,407 @@
+"""The per-run budget: counters, reservations, the deadline clock, pause and resume.
+
+One lock per budget *tree*: a nested run's budget shares its root's lock, so recording into a
+child and all of its ancestors, or checking a reservation against the whole chain, is one
+atomic step. That is what keeps 32 threads reserving at once from overselling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from guard.errors import BudgetExceeded, InvalidInput
+from guard.policy._decide import decide as _decide
+from guard.policy._decide import utilisation as _utilisation
+from guard.policy._types import Decision, Limits, Phase, Reason, Usage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy._loops import LoopVerdict
+
+__all__ = ["Budget", "Remaining", "Reservation"]
+
+
+@dataclass(frozen=True, slots=True)
+class Remaining:
+    """What is left of a run's working budget. ``None`` = unlimited; never negative.
+
+    Net of outstanding reservations and of the final-answer reserve (tokens and seconds).
+    """
+
+    seconds: float | None = None
+    steps: int | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+    tool_calls: int | None = None
+    model_calls: int | None = None
+
+
+def _count(name: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InvalidInput(f"{name} must be an int >= 0, got {v!r}")
+    return v
+
+
+def _money(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise InvalidInput(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+class Reservation:
+    """An estimate held against a budget (and its ancestors) until settled or released.
+
+    Use as a context manager: leaving the block releases the estimate unless ``settle`` ran.
+    """
+
+    __slots__ = ("_budget", "cost_usd", "done", "expires_at", "tokens", "tool_calls")
+
+    def __init__(
+        self,
+        budget: Budget,
+        tokens: int,
+        cost_usd: float,
+        tool_calls: int,
+        expires_at: float | None,
+    ) -> None:
+        self._budget = budget
+        self.tokens = tokens
+        self.cost_usd = cost_usd
+        self.tool_calls = tool_calls
+        self.expires_at = expires_at
+        self.done = False
+
+    def settle(
+        self,
+        *,
+        tokens: int | None = None,
+        cost_usd: float | None = None,
+        tool_calls: int | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> None:
+        """Free the estimate and record the actual amounts given (``None`` = record nothing).
+
+        ``tokens`` is recorded as input tokens; pass ``input_tokens``/``output_tokens`` to
+        split. Callers that already recorded the usage (``record_model_call``) call
+        ``settle()`` with no arguments. Settling twice, or after a release, is a no-op.
+        """
+        usage = Usage(
+            input_tokens=_count("input_tokens", (tokens or 0) + (input_tokens or 0)),
+            output_tokens=_count("output_tokens", output_tokens or 0),
+            tool_calls=_count("tool_calls", tool_calls or 0),
+            tool_attempts=tool_calls or 0,
+            cost_usd=None if cost_usd is None else _money("cost_usd", cost_usd),
+        )
+        self._budget._finish(self, usage)
+
+    def release(self) -> None:
+        """Free the estimate without recording anything (idempotent)."""
+        self._budget._finish(self, None)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Budget:
+    """Thread-safe per-run budget (one lock shared by the whole parent chain).
+
+    ``clock`` is a monotonic clock in seconds (injected for tests). A ``parent`` budget (the
+    run that started this nested run) sees every usage recorded here, and reservations are
+    checked against it too.
+    """
+
+    def __init__(
+        self,
+        limits: Limits,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        parent: Budget | None = None,
+    ) -> None:
+        self._limits = limits
+        self._clock = clock
+        self._parent = parent
+        self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
+        self._usage = Usage()
+        self._reserved = Usage()
+        self._reservations: list[Reservation] = []
+        self._started = clock()
+        self._paused_at: float | None = None
+        self._paused_total = 0.0
+
+    # -- limits and usage ---------------------------------------------------------------
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
+    @property
+    def parent(self) -> Budget | None:
+        return self._parent
+
+    def set_limits(self, limits: Limits) -> None:
+        """Replace the limits (the caller passes already-tightened limits)."""
+        with self._lock:
+            self._limits = limits
+
+    def usage(self) -> Usage:
+        with self._lock:
+            return self._usage.copy()
+
+    def reserved(self) -> Usage:
+        """Outstanding (unsettled) reservations, as a usage snapshot."""
+        with self._lock:
+            return self._reserved.copy()
+
+    def _chain(self) -> list[Budget]:
+        out: list[Budget] = []
+        b: Budget | None = self
+        while b is not None:
+            out.append(b)
+            b = b._parent
+        return out
+
+    def _add(self, delta: Usage) -> None:
+        with self._lock:
+            for b in self._chain():
+                b._usage.add(delta)
+
+    def record_step(self) -> None:
+        self._add(Usage(steps=1))
+
+    def record_model_call(
+        self,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        cached_tokens: int = 0,
+        cost_usd: float | None = None,
+    ) -> None:
+        """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning."""
+        delta = Usage(
+            model_calls=1,
+            input_tokens=_count("input_tokens", input_tokens),
+            output_tokens=_count("output_tokens", output_tokens),
+            reasoning_tokens=_count("reasoning_tokens", reasoning_tokens),
+            cached_tokens=_count("cached_tokens", cached_tokens),
+            cost_usd=None if cost_usd is None else _money("cost_usd", cost_usd),
+        )
+        self._add(delta)
+
+    def record_tool_calls(
+        self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None
+    ) -> None:
+        """``n`` tool calls; ``attempts`` counts retries too (defaults to ``n``)."""
+        n = _count("tool_calls", n)
+        attempts = n if attempts is None else _count("attempts", attempts)
+        cost = None if cost_usd is None else _money("cost_usd", cost_usd)
+        self._add(Usage(tool_calls=n, tool_attempts=attempts, cost_usd=cost))
+
+    # -- reservations ---------------------------------------------------------------------
+    def reserve(
+        self,
+        *,
+        tokens: int = 0,
+        cost_usd: float = 0.0,
+        tool_calls: int = 0,
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        """Hold an estimate atomically against this budget and every ancestor.
+
+        Raises :class:`BudgetExceeded` (with the metric, the request and what is available)
+        when used + reserved + request would pass a hard limit anywhere in the chain.
+        """
+        tokens = _count("tokens", tokens)
+        cost = _money("cost_usd", cost_usd)
+        tool_calls = _count("tool_calls", tool_calls)
+        if ttl_s is not None and (not math.isfinite(ttl_s) or ttl_s <= 0):
+            raise InvalidInput(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
+        with self._lock:
+            now = self._clock()
+            chain = self._chain()
+            for b in chain:
+                b._release_expired_locked(now)
+            for b in chain:
+                b._check_locked(tokens, cost, tool_calls)
+            res = Reservation(
+                self, tokens, cost, tool_calls, None if ttl_s is None else now + ttl_s
+            )
+            delta = Usage(input_tokens=tokens, tool_calls=tool_calls, cost_usd=cost)
+            for b in chain:
+                b._reserved.add(delta)
+            self._reservations.append(res)
+            return res
+
+    def _check_locked(self, tokens: int, cost: float, tool_calls: int) -> None:
+        lim, u, r = self._limits, self._usage, self._reserved
+        checks: tuple[tuple[str, float, float | None, float], ...] = (
+            ("tokens", tokens, lim.max_tokens, u.tokens + r.tokens),
+            ("cost_usd", cost, lim.max_cost_usd, (u.cost_usd or 0.0) + (r.cost_usd or 0.0)),
+            ("tool_calls", tool_calls, lim.max_tool_calls, u.tool_calls + r.tool_calls),
+        )
+        for metric, want, limit, held in checks:
+            if limit is None or not want:
+                continue
+            available = max(0.0, limit - held)
+            # A tiny epsilon so float cost sums that equal the limit are not refused.
+            if want > available + 1e-12:
+                raise BudgetExceeded(
+                    f"reserving {metric}={want:g} would oversell the budget: "
+                    f"limit {limit:g}, used+reserved {held:g}, available {available:g}",
+                    metric=metric,
+                    requested=float(want),
+                    available=float(available),
+                )
+
+    def _finish(self, res: Reservation, actual: Usage | None) -> None:
+        with self._lock:
+            if res.done:
+                return
+            res.done = True
+            self._drop_locked(res)
+            if actual is not None:
+                for b in self._chain():
+                    b._usage.add(actual)
+
+    def _drop_locked(self, res: Reservation) -> None:
+        neg = Usage(input_tokens=-res.tokens, tool_calls=-res.tool_calls, cost_usd=-res.cost_usd)
+        for b in self._chain():
+            b._reserved.add(neg)
+            if b._reserved.cost_usd is not None and abs(b._reserved.cost_usd) < 1e-12:
+                b._reserved.cost_usd = 0.0
+        # Already gone when release_expired dropped it before the owner settled it.
+        with contextlib.suppress(ValueError):
+            self._reservations.remove(res)
+
+    def _release_expired_locked(self, now: float) -> int:
+        expired = [
+            r for r in self._reservations if r.expires_at is not None and r.expires_at <= now
+        ]
+        for r in expired:
+            r.done = True
+            self._drop_locked(r)
+        return len(expired)
+
+    def release_expired(self) -> int:
+        """Drop reservations past their ttl (never settled); returns how many."""
+        with self._lock:
+            return self._release_expired_locked(self._clock())
+
+    @property
+    def outstanding(self) -> int:
+        """Number of unsettled reservations made directly on this budget."""
+        with self._lock:
+            return len(self._reservations)
+
+    # -- time -----------------------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        """Seconds since start; paused time excluded when ``pause_freezes_deadline``."""
+        with self._lock:
+            return self._elapsed_locked()
+
+    def _elapsed_locked(self) -> float:
+        now = self._clock()
+        if not self._limits.pause_freezes_deadline:
+            return max(0.0, now - self._started)
+        paused = self._paused_total
+        if self._paused_at is not None:
+            paused += now - self._paused_at
+        return max(0.0, now - self._started - paused)
+
+    def pause(self) -> None:
+        """Pause for approval: not a stop. Idempotent."""
+        with self._lock:
+            if self._paused_at is None:
+                self._paused_at = self._clock()
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._paused_at is not None:
+                self._paused_total += self._clock() - self._paused_at
+                self._paused_at = None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_at is not None
+
+    # -- derived ----------------------------------------------------------------------------
+    def remaining(self) -> Remaining:
+        with self._lock:
+            lim, u, r = self._limits, self._usage, self._reserved
+            elapsed = self._elapsed_locked()
+
+            def left(limit: float | None, used: float, hold: float = 0) -> float | None:
+                return None if limit is None else max(0, limit - used - hold)
+
+            secs = left(lim.deadline_s, elapsed, lim.reserve_s or 0.0)
+            toks = left(lim.max_tokens, u.tokens + r.tokens, lim.reserve_tokens or 0)
+            cost = left(lim.max_cost_usd, (u.cost_usd or 0.0) + (r.cost_usd or 0.0))
+            return Remaining(
+                seconds=None if secs is None else float(secs),
+                steps=None if lim.max_steps is None else int(left(lim.max_steps, u.steps) or 0),
+                tokens=None if toks is None else int(toks),
+                cost_usd=None if cost is None else float(cost),
+                tool_calls=None
+                if lim.max_tool_calls is None
+                else int(left(lim.max_tool_calls, u.tool_calls + r.tool_calls) or 0),
+                model_calls=None
+                if lim.max_model_calls is None
+                else int(left(lim.max_model_calls, u.model_calls) or 0),
+            )
+
+    def utilisation(self) -> tuple[float | None, str | None]:
+        with self._lock:
+            return _utilisation(self._limits, self._usage, self._elapsed_locked())
+
+    def effective_timeout(
+        self, configured_s: float | None, *, final_answer: bool = False
+    ) -> float | None:
+        """``min(configured_s, remaining seconds - timeout_margin_s)``, floored at 0.
+
+        Remaining seconds are net of the final-answer reserve, so ordinary I/O cannot eat the
+        time kept for the answer; pass ``final_answer=True`` for the answer's own call, which
+        may use the reserve up to the hard deadline. ``None`` if neither bound exists.
+        """
+        with self._lock:
+            lim = self._limits
+            if lim.deadline_s is None:
+                return configured_s
+            left = lim.deadline_s - self._elapsed_locked()
+            if not final_answer:
+                left -= lim.reserve_s or 0.0
+            bound = max(0.0, left - lim.timeout_margin_s)
+        return bound if configured_s is None else max(0.0, min(configured_s, bound))
+
+    def decide(
+        self,
+        *,
+        phase: Phase = Phase.BEFORE_STEP,
+        completed: bool = False,
+        cancel: Reason | None = None,
+        cancel_detail: str = "",
+        loop: LoopVerdict | None = None,
+    ) -> Decision:
+        """:func:`guard.policy.decide` on this budget's limits, usage, clock and reservations."""
+        with self._lock:
+            limits, usage = self._limits, self._usage.copy()
+            reserved = self._reserved.copy()
+            elapsed = self._elapsed_locked()
+        return _decide(
+            limits,
+            usage,
+            elapsed_s=elapsed,
+            phase=phase,
+            completed=completed,
+            cancel=cancel,
+            cancel_detail=cancel_detail,
+            loop=loop,
+            reserved=reserved,
+        )

@@ -1,0 +1,248 @@
+"""The decision function: one fixed order of checks, shared by the SDK and the guard.
+
+Order (DESIGN §3.5): cancel -> completed -> deadline -> max steps (and model calls) -> tokens
+-> cost -> tool quota -> loop or stagnation -> final-answer reserve -> soft thresholds ->
+continue. The first check that fires wins, so completion wins over a budget reached in the same
+step, and a cancel wins over everything.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING, ClassVar
+
+from guard.policy._types import (
+    CONTINUE,
+    REASON_STATUS,
+    Action,
+    Decision,
+    Limits,
+    Phase,
+    Reason,
+    Status,
+    Usage,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy._loops import LoopVerdict
+
+__all__ = ["SoftLevel", "decide", "utilisation"]
+
+
+def _fmt(x: float | int) -> str:
+    """Numbers in messages: ints as ints, floats with up to 4 significant decimals."""
+    if isinstance(x, float):
+        if x.is_integer() and abs(x) < 1e15:
+            return str(int(x))
+        return f"{x:.4g}" if abs(x) < 1e-3 else f"{x:.4f}".rstrip("0").rstrip(".")
+    return str(x)
+
+
+def utilisation(
+    limits: Limits, usage: Usage, elapsed_s: float | None
+) -> tuple[float | None, str | None]:
+    """The highest fraction of any set limit used so far, and the metric it belongs to.
+
+    Metrics: ``steps``, ``model_calls``, ``tool_calls``, ``tokens``, ``cost_usd``,
+    ``elapsed_s``. ``(None, None)`` when no limit is set.
+    """
+    best: float | None = None
+    metric: str | None = None
+    pairs: tuple[tuple[str, float | None, float | None], ...] = (
+        ("elapsed_s", elapsed_s, limits.deadline_s),
+        ("steps", usage.steps, limits.max_steps),
+        ("model_calls", usage.model_calls, limits.max_model_calls),
+        ("tokens", usage.tokens, limits.max_tokens),
+        ("cost_usd", usage.cost_usd, limits.max_cost_usd),
+        ("tool_calls", usage.tool_calls, limits.max_tool_calls),
+    )
+    for name, used, limit in pairs:
+        if used is None or limit is None:
+            continue
+        frac = used / limit if limit > 0 else math.inf
+        if best is None or frac > best:
+            best, metric = frac, name
+    return best, metric
+
+
+_METRIC_REASON = {
+    "elapsed_s": Reason.DEADLINE,
+    "steps": Reason.MAX_STEPS,
+    "model_calls": Reason.MAX_STEPS,
+    "tokens": Reason.TOKEN_BUDGET,
+    "cost_usd": Reason.COST_BUDGET,
+    "tool_calls": Reason.MAX_TOOL_CALLS,
+}
+
+
+def _stop(reason: Reason, util: float | None, metric: str | None, message: str) -> Decision:
+    return Decision(Action.STOP, REASON_STATUS[reason], reason, util, metric, message)
+
+
+def decide(
+    limits: Limits,
+    usage: Usage,
+    *,
+    elapsed_s: float | None,
+    phase: Phase = Phase.BEFORE_STEP,
+    completed: bool = False,
+    cancel: Reason | None = None,
+    cancel_detail: str = "",
+    loop: LoopVerdict | None = None,
+    reserved: Usage | None = None,
+) -> Decision:
+    """Evaluate the policy once. Pure: same inputs, same decision.
+
+    ``phase`` changes only the count limits that gate *starting* something: before a step,
+    ``max_steps`` (and ``max_model_calls``) stop when the count has *reached* the limit, since
+    there is no room for another; after a model call or tool batch they stop only when the count
+    *exceeds* it. Spend limits (tokens, cost, tool calls, deadline) stop once reached in every
+    phase. ``reserved`` (outstanding reservations) counts toward the working budget only.
+    """
+    util, metric = utilisation(limits, usage, elapsed_s)
+    if cancel is not None:
+        msg = f"cancelled: {cancel.value}" + (f" ({cancel_detail})" if cancel_detail else "")
+        return _stop(cancel, util, metric, msg)
+    if completed:
+        return Decision(
+            Action.STOP, Status.COMPLETED, Reason.FINAL_ANSWER, util, metric, "final answer"
+        )
+    before = phase is Phase.BEFORE_STEP
+    if limits.deadline_s is not None and elapsed_s is not None and elapsed_s >= limits.deadline_s:
+        return _stop(
+            Reason.DEADLINE,
+            util,
+            "elapsed_s",
+            f"deadline_s {_fmt(limits.deadline_s)} reached (elapsed_s={elapsed_s:.3f})",
+        )
+    for name, used, limit in (
+        ("steps", usage.steps, limits.max_steps),
+        ("model_calls", usage.model_calls, limits.max_model_calls),
+    ):
+        if limit is not None and (used >= limit if before else used > limit):
+            verb = "reached" if used == limit else "exceeded"
+            return _stop(Reason.MAX_STEPS, util, name, f"max_{name} {limit} {verb} ({name}={used})")
+    if limits.max_tokens is not None and usage.tokens >= limits.max_tokens:
+        return _stop(
+            Reason.TOKEN_BUDGET,
+            util,
+            "tokens",
+            f"max_tokens {limits.max_tokens} reached (tokens={usage.tokens}: "
+            f"input={usage.input_tokens} output={usage.output_tokens})",
+        )
+    if (
+        limits.max_cost_usd is not None
+        and usage.cost_usd is not None
+        and usage.cost_usd >= limits.max_cost_usd
+    ):
+        return _stop(
+            Reason.COST_BUDGET,
+            util,
+            "cost_usd",
+            f"max_cost_usd {_fmt(limits.max_cost_usd)} reached (cost_usd={usage.cost_usd:.6f})",
+        )
+    if limits.max_tool_calls is not None and usage.tool_calls >= limits.max_tool_calls:
+        return _stop(
+            Reason.MAX_TOOL_CALLS,
+            util,
+            "tool_calls",
+            f"max_tool_calls {limits.max_tool_calls} reached (tool_calls={usage.tool_calls})",
+        )
+    if loop is not None and loop.level is Action.STOP:
+        reason = loop.reason or Reason.LOOP_DETECTED
+        return _stop(reason, util, metric, loop.detail or f"{reason.value} ({loop.pattern})")
+    wrap = _reserve_check(limits, usage, elapsed_s, reserved)
+    if wrap is not None:
+        return Decision(Action.WRAP_UP, None, wrap[0], util, wrap[1], wrap[2])
+    soft = limits.soft_thresholds
+    if util is not None and metric is not None and len(soft) >= 2 and util >= soft[1]:
+        return Decision(
+            Action.WRAP_UP,
+            None,
+            _METRIC_REASON[metric],
+            util,
+            metric,
+            f"{metric} at {util:.0%} of its limit (wrap_up threshold {soft[1]:.0%})",
+        )
+    if loop is not None and loop.level is Action.WARN:
+        reason = loop.reason or Reason.LOOP_DETECTED
+        return Decision(Action.WARN, None, reason, util, metric, loop.detail)
+    if util is not None and metric is not None and soft and util >= soft[0]:
+        return Decision(
+            Action.WARN,
+            None,
+            _METRIC_REASON[metric],
+            util,
+            metric,
+            f"{metric} at {util:.0%} of its limit (warn threshold {soft[0]:.0%})",
+        )
+    if util is None:
+        return CONTINUE
+    return Decision(Action.CONTINUE, utilisation=util, metric=metric)
+
+
+def _reserve_check(
+    limits: Limits, usage: Usage, elapsed_s: float | None, reserved: Usage | None
+) -> tuple[Reason, str, str] | None:
+    """The working budget (hard limit minus the final-answer reserve) is used up -> wrap up."""
+    if limits.max_tokens is not None and limits.reserve_tokens:
+        working = limits.max_tokens - limits.reserve_tokens
+        used = usage.tokens + (reserved.tokens if reserved is not None else 0)
+        if used >= working:
+            return (
+                Reason.TOKEN_BUDGET,
+                "tokens",
+                f"working token budget {working} used (tokens={used}); "
+                f"{limits.reserve_tokens} tokens reserved for the final answer",
+            )
+    if limits.deadline_s is not None and limits.reserve_s and elapsed_s is not None:
+        working_s = limits.deadline_s - limits.reserve_s
+        if elapsed_s >= working_s:
+            return (
+                Reason.DEADLINE,
+                "elapsed_s",
+                f"working time {_fmt(working_s)}s used (elapsed_s={elapsed_s:.3f}); "
+                f"{_fmt(limits.reserve_s)}s reserved for the final answer",
+            )
+    return None
+
+
+class SoftLevel:
+    """Remembers which soft action a run was already given, so each is pushed once.
+
+    ``advance`` returns ``WARN`` the first time a WARN (or stronger) decision arrives and
+    ``WRAP_UP`` the first time a WRAP_UP arrives; a WRAP_UP that arrives first skips the WARN.
+    Everything else returns ``None``. Thread-safe.
+    """
+
+    __slots__ = ("_level", "_lock")
+
+    _RANK: ClassVar[dict[Action, int]] = {
+        Action.CONTINUE: 0,
+        Action.WARN: 1,
+        Action.WRAP_UP: 2,
+        Action.STOP: 3,
+    }
+
+    def __init__(self) -> None:
+        self._level = 0
+        self._lock = threading.Lock()
+
+    @property
+    def level(self) -> Action:
+        return (Action.CONTINUE, Action.WARN, Action.WRAP_UP)[self._level]
+
+    def advance(self, decision: Decision) -> Action | None:
+        rank = self._RANK[decision.action]
+        if rank == 0 or rank == 3:
+            return None
+        with self._lock:
+            if rank <= self._level:
+                return None
+            self._level = rank
+        return decision.action
+
+    def reset(self) -> None:
+        with self._lock:
+            self._level = 0

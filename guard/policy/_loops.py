@@ -1,0 +1,215 @@
+"""Loop and stagnation detection over a bounded window of fingerprints.
+
+Memory is compact on purpose (the guard tracks up to 100k live runs at <= 4 KB each): the
+detector keeps the last ``window`` tool calls as two ring buffers of 64-bit ints (the first 64
+bits of the action fingerprint and of the result hash) plus a few counters, about 0.6 KB for
+the default window of 20.
+
+Patterns, all counted on the *current* call (so the same threshold means the same thing):
+
+``exact_repeat``     the same action with the same result, back to back, ``repeat_threshold``
+                     times (seed 000 §8.3).
+``repeat_in_window`` the same action with the same result ``repeat_threshold`` times within the
+                     window, other calls in between.
+``cycle``            the recent calls repeat with period 2, 3 or 4 (A-B-A-B, A-B-C-A-B-C...)
+                     and the current call is its ``repeat_threshold``-th occurrence in the cycle.
+``same_result``      ``repeat_threshold + 2`` calls in a row returned the same result while the
+                     actions (arguments) varied: the model keeps rephrasing the same dead end
+                     (seed 003, the refund-bot case).
+``no_state_change``  ``no_progress_steps`` steps in a row with actions but an unchanged state
+                     hash, or with ``progress=False``.
+
+New-information exemption: a repeat only counts while its result stays the same. When the same
+action returns a different result, its count starts again (a changed result is new
+information), so read -> edit -> read, polling that sees changes, pagination (``page`` is an
+ignored field, but each page returns new rows) and test -> fix -> test with changing test output
+are never stopped. Unknown results (``None``) count as "no new information".
+
+Every pattern warns one short of its stop threshold, so the agent gets a chance to change course.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from guard.policy._fingerprint import hash64
+from guard.policy._types import Action, LoopSettings, Reason
+
+__all__ = ["LoopDetector", "LoopVerdict"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopVerdict:
+    """What the detector concluded about the latest call or step."""
+
+    level: Action
+    reason: Reason | None = None
+    pattern: str | None = None
+    count: int = 0
+    detail: str = ""
+
+
+_OK = LoopVerdict(Action.CONTINUE)
+# Among verdicts of the same level, the more specific pattern names the finding.
+_PRIORITY = {"exact_repeat": 0, "cycle": 1, "repeat_in_window": 2, "same_result": 3}
+
+
+class LoopDetector:
+    """Per-run loop and stagnation detector. Not thread-safe: one caller per run."""
+
+    __slots__ = ("_acts", "_n", "_res", "_stale", "_state", "hits", "settings")
+
+    def __init__(self, settings: LoopSettings | None = None) -> None:
+        self.settings = settings if settings is not None else LoopSettings()
+        if self.settings.window < 2 or self.settings.repeat_threshold < 2:
+            # Deliberately not ConfigError: settings are validated at the config boundary.
+            raise ValueError("loop window and repeat_threshold must be >= 2")
+        w = self.settings.window
+        self._acts = array("Q", bytes(8 * w))
+        self._res = array("Q", bytes(8 * w))
+        self._n = 0
+        self._state = 0
+        self._stale = 0
+        self.hits = 0
+
+    def nbytes(self) -> int:
+        """Approximate memory held by this detector (object plus both ring buffers)."""
+        import sys
+
+        return sys.getsizeof(self) + sys.getsizeof(self._acts) + sys.getsizeof(self._res)
+
+    def _level(self, count: int, threshold: int) -> Action:
+        if count >= threshold:
+            return Action.STOP
+        if count == threshold - 1:
+            return Action.WARN
+        return Action.CONTINUE
+
+    def observe_action(self, action: str, result: str | None) -> LoopVerdict:
+        """Record one tool call (in order) and judge the window including it."""
+        a, r = hash64(action), hash64(result)
+        w = self.settings.window
+        i = self._n % w
+        self._acts[i] = a
+        self._res[i] = r
+        self._n += 1
+        m = min(self._n, w)
+        acts = [self._acts[(self._n - 1 - j) % w] for j in range(m)]  # newest first
+        res = [self._res[(self._n - 1 - j) % w] for j in range(m)]
+        k = self.settings.repeat_threshold
+        found: list[tuple[Action, str, int, str]] = []
+
+        # Repeats of this action with this result, until its result last differed.
+        count, exact, streak = 0, True, True
+        for j in range(m):
+            if acts[j] == a:
+                if res[j] != r:
+                    break  # new information: the count starts again here
+                count += 1
+                exact = exact and streak
+            else:
+                streak = False
+        lvl = self._level(count, k)
+        if lvl is not Action.CONTINUE:
+            pattern = "exact_repeat" if exact else "repeat_in_window"
+            found.append((lvl, pattern, count, f"same call with the same result {count}x"))
+
+        # Cycles of period 2..4 over (action, result) pairs.
+        for p in (2, 3, 4):
+            if m < 2 * p:
+                break
+            block = {(acts[j], res[j]) for j in range(p)}
+            if len(block) < 2:
+                continue
+            run = 0
+            while run + p < m and acts[run] == acts[run + p] and res[run] == res[run + p]:
+                run += 1
+            if run < p:
+                continue
+            occurrences = (run + p - 1) // p + 1
+            lvl = self._level(occurrences, k)
+            if lvl is not Action.CONTINUE:
+                detail = f"cycle of period {p} repeated, call seen {occurrences}x"
+                found.append((lvl, "cycle", occurrences, detail))
+                break
+
+        # The same (known) result while the actions vary.
+        if r:
+            same, varied = 0, False
+            for j in range(m):
+                if res[j] != r:
+                    break
+                same += 1
+                varied = varied or acts[j] != a
+            lvl = self._level(same, k + 2) if varied else Action.CONTINUE
+            if lvl is not Action.CONTINUE:
+                found.append((lvl, "same_result", same, f"same result {same}x in a row"))
+
+        if not found:
+            return _OK
+        found.sort(key=lambda f: (f[0] is not Action.STOP, _PRIORITY[f[1]]))
+        lvl, pattern, count, detail = found[0]
+        self.hits += 1
+        verb = "stopping" if lvl is Action.STOP else "warning"
+        return LoopVerdict(
+            lvl,
+            Reason.LOOP_DETECTED,
+            pattern,
+            count,
+            f"loop_detected: {pattern}: {detail} (window={w}, repeat_threshold={k}); {verb}",
+        )
+
+    def end_step(
+        self, *, state: str | None, progress: bool | None, acted: bool = True
+    ) -> LoopVerdict:
+        """Record the end of a step and judge stagnation.
+
+        ``progress=True`` or a changed ``state`` resets the count. ``progress=False`` counts a
+        stale step; an unchanged state counts one only if the step acted (called tools). With
+        neither signal the count is left alone: no information is not evidence of a loop.
+        """
+        if progress is True:
+            self._stale = 0
+            if state is not None:
+                self._state = hash64(state)
+            return _OK
+        if progress is False:
+            stale = True  # an explicit "no progress" wins over a changed state
+        elif state is not None:
+            if hash64(state) != self._state:
+                self._stale = 0
+                self._state = hash64(state)
+                return _OK
+            stale = acted
+        else:
+            return _OK
+        if state is not None:
+            self._state = hash64(state)
+        if not stale:
+            return _OK
+        self._stale += 1
+        n = self.settings.no_progress_steps
+        lvl = self._level(self._stale, n)
+        if lvl is Action.CONTINUE:
+            return _OK
+        self.hits += 1
+        verb = "stopping" if lvl is Action.STOP else "warning"
+        return LoopVerdict(
+            lvl,
+            Reason.NO_PROGRESS,
+            "no_state_change",
+            self._stale,
+            f"no_progress: state unchanged for {self._stale} steps (no_progress_steps={n}); {verb}",
+        )
+
+    @property
+    def stale_steps(self) -> int:
+        return self._stale
+
+    def reset(self) -> None:
+        """Forget everything (e.g. after an operator resumed a run with new instructions)."""
+        w = self.settings.window
+        self._acts = array("Q", bytes(8 * w))
+        self._res = array("Q", bytes(8 * w))
+        self._n = self._state = self._stale = 0

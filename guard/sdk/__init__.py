@@ -1,0 +1,37 @@
+"""The otel-guard agent SDK: one decorator, per-step spans, local enforcement, real cancel.
+
+Public names are re-exported from :mod:`guard`; see DESIGN §3.1::
+
+    @guard.run(agent="refund-bot", max_steps=12, deadline_s=90)
+    async def handle(request):
+        with guard.step() as step:
+            step.model_call(model="gpt-4.1", input_tokens=1200, output_tokens=90)
+"""
+
+from guard.sdk._api import NULL_RUN, NullRun, current_run, evidence, flush, shutdown
+from guard.sdk._config import Settings, configure, get_settings
+from guard.sdk._decorator import run
+from guard.sdk._run import Run
+from guard.sdk._step import Step, current_step, step
+from guard.sdk._tools import ToolBatch, admit_tools, run_tools, tool
+
+__all__ = [
+    "NULL_RUN",
+    "NullRun",
+    "Run",
+    "Settings",
+    "Step",
+    "ToolBatch",
+    "admit_tools",
+    "configure",
+    "current_run",
+    "current_step",
+    "evidence",
+    "flush",
+    "get_settings",
+    "run",
+    "run_tools",
+    "shutdown",
+    "step",
+    "tool",
+]

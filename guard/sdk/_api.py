@@ -1,0 +1,102 @@
+"""Module-level helpers: ``current_run()``, ``evidence()``, ``flush()``, ``shutdown()``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from guard.policy import Remaining
+from guard.sdk._run import Run, current_run_or_none
+
+__all__ = ["NULL_RUN", "NullRun", "current_run", "evidence", "flush", "shutdown"]
+
+
+class NullRun:
+    """Stands in for a run outside ``@guard.run`` (or with the SDK disabled).
+
+    Falsy, never cancelled, unlimited: agent code written against ``guard.current_run()``
+    works unchanged without a guard.
+    """
+
+    run_id = ""
+    agent = ""
+    tenant = ""
+    parent_run_id = None
+    outcome = None
+    cancelled = False
+    paused = False
+    warned = False
+    wrap_up_requested = False
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<guard.NullRun>"
+
+    def remaining(self) -> Remaining:
+        return Remaining()
+
+    def timeout(self, configured_s: float | None = None) -> float | None:
+        return configured_s
+
+    def raise_if_cancelled(self) -> None:
+        return None
+
+    def cancel(self, reason: Any = "user_cancel", detail: str = "") -> bool:
+        return False
+
+    def on_cancel(self, callback: Callable[[], Any]) -> None:
+        return None
+
+    def on_directive(self, callback: Callable[[str, str, str], Any]) -> None:
+        return None
+
+    def track_process(self, proc: Any) -> Any:
+        return proc
+
+    def pause(self, reason: str = "") -> None:
+        return None
+
+    def resume(self) -> None:
+        return None
+
+    def evidence(self, name: str, ok: bool = True) -> None:
+        return None
+
+    def mark_partial(self, value: bool = True) -> None:
+        return None
+
+
+NULL_RUN = NullRun()
+
+
+def current_run() -> Run | NullRun:
+    """The innermost run of this context; a falsy :class:`NullRun` outside any run."""
+    r = current_run_or_none()
+    return r if r is not None else NULL_RUN
+
+
+def evidence(name: str, ok: bool = True) -> None:
+    """Record evidence for ``@guard.run(require_evidence=[...])``, e.g. after the tests ran.
+
+    A run that returns without every required evidence (or with ``ok=False``) is recorded
+    as ``degraded`` / ``missing_evidence``: a claim of success is not evidence.
+    """
+    r = current_run_or_none()
+    if r is not None:
+        r.evidence(name, ok)
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Export queued spans to the guard now (e.g. before a short-lived process exits)."""
+    from guard.sdk._runtime import _runtime
+
+    return _runtime.flush(timeout_s) if _runtime is not None else True
+
+
+def shutdown() -> None:
+    """Flush and close the exporter and the control stream (idempotent)."""
+    from guard.sdk._runtime import reset_runtime
+
+    reset_runtime()

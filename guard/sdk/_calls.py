@@ -1,0 +1,201 @@
+"""Recording model calls and tool calls: usage, fingerprints, spans and the after-call check."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from guard.errors import BudgetExceeded
+from guard.policy import Action, Decision, Phase, Reason
+from guard.policy import Status as RunStatus
+from guard.sdk import _spans as A
+from guard.sdk._outcome import tag
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy import Reservation
+    from guard.sdk._run import Run
+
+__all__ = ["MISSING", "current_batch", "record_model_call", "record_tool_call", "reserve_tool"]
+
+MISSING: Any = object()  # "no result given" (None is a legitimate tool result)
+
+# The tool batch whose reserved slots the tool calls of this context consume.
+current_batch: contextvars.ContextVar[Any] = contextvars.ContextVar("guard_batch", default=None)
+_ERROR = Status(StatusCode.ERROR)
+
+
+def _ns(t: float | None) -> int | None:
+    return None if t is None else int(t * 1e9)
+
+
+def record_model_call(
+    run: Run,
+    parent_ctx: Any,
+    *,
+    model: str,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    reasoning_tokens: int = 0,
+    cached_tokens: int = 0,
+    cost_usd: float | None = None,
+    provider: str | None = None,
+    operation: str = "chat",
+    response_id: str | None = None,
+    error: BaseException | None = None,
+    started_at: float | None = None,
+) -> float | None:
+    """Record one model call (usage, cost, span) and evaluate the policy after it.
+
+    Returns the cost in USD (``None`` when the model is unpriced and no cost was given).
+    """
+    if cost_usd is None:
+        cost_usd = run.rt.cost_usd(
+            model, input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens
+        )
+    run.budget.record_model_call(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        reasoning_tokens=reasoning_tokens,
+        cached_tokens=cached_tokens,
+        cost_usd=cost_usd,
+    )
+    if error is None:
+        run.did_work = True
+    attrs: dict[str, Any] = {
+        A.OPERATION: operation,
+        A.REQUEST_MODEL: model,
+        A.INPUT_TOKENS: input_tokens,
+        A.OUTPUT_TOKENS: output_tokens,
+        A.CACHE_READ: cached_tokens,
+        A.REASONING_TOKENS: reasoning_tokens,
+        A.RUN_ID: run.run_id,
+    }
+    if provider:
+        attrs[A.PROVIDER] = provider
+    if cost_usd is not None:
+        attrs[A.COST_USD] = cost_usd
+    if response_id:
+        attrs[A.RESPONSE_ID] = response_id
+    if error is not None:
+        attrs[A.ERROR_TYPE] = type(error).__qualname__
+        tag(error, "model")
+    span = run.rt.tracer.start_span(
+        f"{operation} {model}",
+        context=parent_ctx,
+        kind=SpanKind.CLIENT,
+        attributes=attrs,
+        start_time=_ns(started_at),
+    )
+    if error is not None:
+        span.set_status(_ERROR)
+    span.end()
+    run.after(Phase.AFTER_MODEL_CALL)
+    return cost_usd
+
+
+def reserve_tool(run: Run) -> Reservation | None:
+    """Admit one tool call before it runs (refuse new work; never oversell the quota).
+
+    Uses a slot reserved by an enclosing tool batch when there is one. Raises
+    ``RunStopped(max_tool_calls)`` when the quota is used up.
+    """
+    run.check_stop()
+    batch = current_batch.get()
+    if batch is not None and batch.run is run:
+        slot = batch.take_slot()
+        if slot is not None:
+            return slot
+    if not _has_tool_limit(run):
+        return None
+    try:
+        return run.budget.reserve(tool_calls=1)
+    except BudgetExceeded as exc:
+        u = run.budget.usage()
+        msg = f"max_tool_calls reached (tool_calls={u.tool_calls}, available={exc.available:g})"
+        d = Decision(Action.STOP, RunStatus.TERMINATED, Reason.MAX_TOOL_CALLS, message=msg)
+        run.apply(d, raise_now=True)
+        raise  # pragma: no cover - apply raised
+
+
+def _has_tool_limit(run: Run) -> bool:
+    r: Run | None = run
+    while r is not None:
+        if r.budget.limits.max_tool_calls is not None:
+            return True
+        r = r.parent
+    return False
+
+
+def record_tool_call(
+    run: Run,
+    parent_ctx: Any,
+    step: Any,
+    name: str,
+    args: Any,
+    *,
+    result: Any = MISSING,
+    attempts: int = 1,
+    cost_usd: float | None = None,
+    error: BaseException | None = None,
+    call_id: str | None = None,
+    started_at: float | None = None,
+    reservation: Reservation | None = None,
+) -> str:
+    """Record one finished tool call; returns its action fingerprint.
+
+    Only the HMAC fingerprint of ``args`` and the hash of ``result`` leave the process.
+    """
+    fp = run.fp
+    action = fp.action(name, args)
+    result_hash = None if result is MISSING else fp.result(result)
+    if error is not None and result_hash is None:
+        # A failure is an observation too: the same error again is "no new information".
+        result_hash = fp.result({"error": type(error).__qualname__})
+    batch = current_batch.get()
+    in_batch = batch is not None and batch.run is run
+    if reservation is None and in_batch:
+        reservation = batch.take_slot()  # a call recorded by hand inside an admitted batch
+    run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
+    if reservation is not None:
+        reservation.release()  # after recording: the slot is never free twice
+    with run._lock:  # the loop detector is single-caller; parallel tools share it
+        verdict = run.detector.observe_action(action, result_hash)
+        run.last_tool = name
+        run.last_action_hash = action
+        if error is None:
+            run.did_work = True
+    if step is not None:
+        step.note_tool(action)
+    attrs: dict[str, Any] = {
+        A.OPERATION: "execute_tool",
+        A.TOOL_NAME: name,
+        A.ACTION_FP: action,
+        A.TOOL_ATTEMPTS: attempts,
+        A.RUN_ID: run.run_id,
+    }
+    if call_id:
+        attrs[A.TOOL_CALL_ID] = call_id
+    if result_hash is not None:
+        attrs[A.RESULT_HASH] = result_hash
+    if cost_usd is not None:
+        attrs[A.COST_USD] = cost_usd
+    if error is not None:
+        attrs[A.ERROR_TYPE] = type(error).__qualname__
+        tag(error, "tool")
+    span = run.rt.tracer.start_span(
+        f"execute_tool {name}",
+        context=parent_ctx,
+        kind=SpanKind.INTERNAL,
+        attributes=attrs,
+        start_time=_ns(started_at),
+    )
+    if error is not None:
+        span.set_status(_ERROR)
+    span.end()
+    if not in_batch:
+        run.after(Phase.AFTER_TOOL_BATCH, verdict if verdict.level is not Action.CONTINUE else None)
+    else:
+        batch.note_verdict(verdict)
+    return action

@@ -1,0 +1,207 @@
+"""SDK settings: one validated object, built from arguments > environment > defaults."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from guard.errors import ConfigError
+
+__all__ = ["ENV", "Settings", "configure", "get_settings", "reset"]
+
+# Environment variables read by configure() (argument > environment > default).
+ENV = {
+    "endpoint": "OTEL_GUARD_ENDPOINT",
+    "token": "OTEL_GUARD_TOKEN",
+    "tenant": "OTEL_GUARD_TENANT",
+    "hmac_key": "OTEL_GUARD_HMAC_KEY",
+    "disabled": "OTEL_GUARD_DISABLED",
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Process-wide SDK settings. ``endpoint=None`` is local-only mode (limits still enforced).
+
+    Fields:
+      endpoint: guard address ``host:port`` (``http://`` / ``https://`` prefixes accepted;
+        ``https`` or ``tls=True`` selects a TLS channel).
+      token: bearer token for the guard (tenant-bound). Never exported on spans.
+      tenant: default tenant of runs that do not name one.
+      hmac_key: key of the argument/result fingerprints; ``None`` = random per process.
+      disabled: turn everything off (decorators become pass-through).
+      fail_closed: default for ``@guard.run(fail_closed=...)``: refuse to start a run when
+        the guard does not admit it within ``admit_timeout_ms``.
+      admit_timeout_ms: how long a run start waits for the guard's admit/deny.
+      heartbeat_interval_ms: control-stream heartbeat (the guard's Welcome may override).
+      export_max_delay_ms / export_max_batch / export_queue_size: the low-latency span export
+        to the guard (spans are sent as soon as they end, batched only by what is queued).
+      export_timeout_s: per-export OTLP deadline (a down guard must not stall the exporter).
+      kill_grace_s: SIGTERM -> SIGKILL grace for tracked process groups.
+      tracer_provider: an explicit OpenTelemetry SDK TracerProvider; default: the global one
+        when it is an SDK provider, else a private provider.
+      price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
+      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream.
+    """
+
+    endpoint: str | None = None
+    token: str | None = None
+    tenant: str = "default"
+    hmac_key: bytes | None = None
+    disabled: bool = False
+    tls: bool = False
+    fail_closed: bool = False
+    admit_timeout_ms: float = 200.0
+    heartbeat_interval_ms: float = 1000.0
+    export_max_delay_ms: float = 1.0
+    export_max_batch: int = 512
+    export_queue_size: int = 4096
+    export_timeout_s: float = 2.0
+    kill_grace_s: float = 2.0
+    tracer_provider: Any = field(default=None, repr=False)
+    price_book: Any = field(default=None, repr=False)
+    reconnect_min_s: float = 0.1
+    reconnect_max_s: float = 5.0
+
+    @property
+    def local_only(self) -> bool:
+        return self.endpoint is None
+
+    @property
+    def target(self) -> str | None:
+        """The endpoint without a URL scheme, as grpc wants it."""
+        if self.endpoint is None:
+            return None
+        ep = self.endpoint
+        for scheme in ("http://", "https://", "grpc://"):
+            if ep.startswith(scheme):
+                ep = ep[len(scheme) :]
+        return ep.rstrip("/")
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or bool(self.endpoint and self.endpoint.startswith("https://"))
+
+
+_NAMES = {f.name for f in fields(Settings)}
+
+
+def _bool(path: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"expected a boolean (1/0/true/false), got {value!r}", path=path)
+
+
+def _validate(s: Settings) -> Settings:
+    kw: dict[str, Any] = {}
+    if s.endpoint is not None:
+        ep = str(s.endpoint).strip()
+        if not ep:
+            ep = None
+        elif ":" not in ep.split("//")[-1]:
+            raise ConfigError(f"expected host:port, got {ep!r}", path="endpoint")
+        kw["endpoint"] = ep
+    if s.token is not None and not isinstance(s.token, str):
+        raise ConfigError("expected a string", path="token")
+    if not isinstance(s.tenant, str) or not s.tenant.strip():
+        raise ConfigError(f"expected a non-empty string, got {s.tenant!r}", path="tenant")
+    if s.hmac_key is not None:
+        key = s.hmac_key.encode() if isinstance(s.hmac_key, str) else s.hmac_key
+        if not isinstance(key, bytes | bytearray) or len(key) < 8:
+            raise ConfigError("hmac_key must be at least 8 bytes", path="hmac_key")
+        kw["hmac_key"] = bytes(key)
+    for name in ("disabled", "tls", "fail_closed"):
+        kw[name] = _bool(name, getattr(s, name))
+    for name in (
+        "admit_timeout_ms",
+        "heartbeat_interval_ms",
+        "export_max_delay_ms",
+        "export_timeout_s",
+        "kill_grace_s",
+        "reconnect_min_s",
+        "reconnect_max_s",
+    ):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"expected a finite number >= 0, got {v!r}", path=name)
+    for name in ("export_max_batch", "export_queue_size"):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"expected an int >= 1, got {v!r}", path=name)
+    if s.reconnect_max_s < s.reconnect_min_s:
+        raise ConfigError(
+            f"reconnect_max_s {s.reconnect_max_s} < reconnect_min_s {s.reconnect_min_s}",
+            path="reconnect_max_s",
+        )
+    return replace(s, **kw)
+
+
+def _from_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, var in ENV.items():
+        if var in environ:
+            out[name] = environ[var]
+    if "endpoint" in out and not out["endpoint"].strip():
+        out["endpoint"] = None
+    return out
+
+
+_lock = threading.Lock()
+_settings: Settings | None = None
+
+
+def configure(**kwargs: Any) -> Settings:
+    """Set the process-wide SDK settings and (re)start the guard connection if any.
+
+    Arguments override ``OTEL_GUARD_*`` environment variables, which override defaults.
+    Unknown keys raise :class:`guard.errors.ConfigError`. Returns the validated settings.
+    Calling it again replaces the settings (the previous exporter and control stream close).
+    """
+    unknown = sorted(set(kwargs) - _NAMES)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_NAMES))}",
+            path=unknown[0],
+        )
+    merged: dict[str, Any] = _from_env(os.environ)
+    merged.update({k: v for k, v in kwargs.items()})
+    if "disabled" in merged and "disabled" not in kwargs:
+        merged["disabled"] = _bool(ENV["disabled"], merged["disabled"])
+    settings = _validate(Settings(**merged))
+    global _settings
+    with _lock:
+        old, _settings = _settings, settings
+    from guard.sdk import _runtime  # late: the runtime imports this module
+
+    _runtime.reset_runtime(old)
+    return settings
+
+
+def get_settings() -> Settings:
+    """The current settings; the first call without :func:`configure` reads the environment."""
+    global _settings
+    s = _settings
+    if s is not None:
+        return s
+    with _lock:
+        if _settings is None:
+            _settings = _validate(Settings(**_from_env(os.environ)))
+        return _settings
+
+
+def reset() -> None:
+    """Forget the settings and close the runtime (tests use this between cases)."""
+    global _settings
+    with _lock:
+        old, _settings = _settings, None
+    from guard.sdk import _runtime
+
+    _runtime.reset_runtime(old)

@@ -1,0 +1,370 @@
+"""The control-stream client: ``GuardControl.Attach`` on a background thread.
+
+The client runs its own asyncio loop on a daemon thread, so it never blocks the agent's
+thread or event loop; agent threads only hand it messages with ``call_soon_threadsafe``.
+Protocol (CONTRACTS "Control stream protocol"): Hello first (with the live runs after a
+reconnect) -> Welcome; RunStarted -> Admit / Deny; warn / wrap_up / cancel directives at any
+time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. The stream
+reconnects with jittered exponential backoff. Nothing here raises into user code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from guard.policy import DecidedBy, Reason
+from guard.v1 import guard_pb2 as pb
+from guard.v1 import guard_pb2_grpc as pb_grpc
+from guard.wire import limits_from_pb, limits_to_pb, outcome_to_pb, policy_from_pb, usage_to_pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy import Outcome
+    from guard.sdk._config import Settings
+    from guard.sdk._run import Run
+    from guard.sdk._runtime import Runtime
+
+__all__ = ["ControlClient"]
+
+log = logging.getLogger("guard.sdk.control")
+_BACKLOG_MAX = 10_000  # RunEnded records kept while disconnected
+
+
+class ControlClient:
+    """One stream per process, multiplexing all of its runs. Thread-safe public methods."""
+
+    def __init__(self, settings: Settings, rt: Runtime) -> None:
+        self.settings = settings
+        self.rt = rt
+        self.process_id = uuid.uuid4().hex
+        self.heartbeat_s = settings.heartbeat_interval_ms / 1000.0
+        self.connected = threading.Event()
+        self.first_attempt_done = threading.Event()
+        self.counters = collections.Counter[str]()
+        self.guard_id = ""
+        self._runs: dict[str, Run] = {}
+        self._admissions: dict[int, tuple[concurrent.futures.Future[Any], str]] = {}
+        self._request_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[pb.AgentMessage] | None = None
+        self._backlog: collections.deque[pb.AgentMessage] = collections.deque(maxlen=_BACKLOG_MAX)
+        self._main: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._thread_main, name="otel-guard-control",
+                                        daemon=True)
+        self._started = threading.Event()
+
+    # -- agent-side API (any thread, never blocks) -------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait(2.0)
+
+    def register(self, run: Run, *, wait: bool = False) -> concurrent.futures.Future[Any] | None:
+        """Send RunStarted. Returns a future resolved on Admit/Deny, or ``None`` when the
+        guard is known to be unreachable (fail-open) and ``wait`` is False."""
+        rid = next(self._request_ids)
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            self._runs[run.run_id] = run
+            self._admissions[rid] = (fut, run.run_id)
+        run._request_id = rid  # type: ignore[attr-defined]
+        self._send(pb.AgentMessage(run_started=self._run_started(run, rid)))
+        if self.connected.is_set() or not self.first_attempt_done.is_set() or wait:
+            return fut
+        self._resolve(rid, None)
+        return None
+
+    def run_ended(self, run: Run, outcome: Outcome) -> None:
+        with self._lock:
+            self._runs.pop(run.run_id, None)
+            rid = getattr(run, "_request_id", None)
+        if rid is not None:
+            self._resolve(rid, None)
+        self._send(pb.AgentMessage(run_ended=pb.RunEnded(outcome=outcome_to_pb(outcome))))
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Flush what is queued (bounded), close the stream and end the thread."""
+        self._stopping = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(timeout_s / 2), loop)
+            except RuntimeError:
+                pass
+        self._thread.join(timeout_s)
+        with self._lock:
+            pending = list(self._admissions)
+        for rid in pending:
+            self._resolve(rid, None)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _run_started(self, run: Run, rid: int, *, with_usage: bool = False) -> pb.RunStarted:
+        msg = pb.RunStarted(
+            run_id=run.run_id,
+            trace_id=run.trace_id,
+            parent_run_id=run.parent_run_id or "",
+            tenant=run.tenant,
+            agent=run.agent,
+            requested=limits_to_pb(run.requested),
+            started_at_unix=run.started_at,
+            request_id=rid,
+        )
+        if with_usage:
+            msg.usage.CopyFrom(usage_to_pb(run.budget.usage()))
+        return msg
+
+    def _send(self, msg: pb.AgentMessage) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._enqueue, msg)
+        except RuntimeError:  # loop shutting down
+            pass
+
+    def _enqueue(self, msg: pb.AgentMessage) -> None:
+        q = self._queue
+        if q is not None:
+            q.put_nowait(msg)
+        elif msg.HasField("run_ended"):
+            self._backlog.append(msg)  # termination records survive a disconnect
+        # RunStarted / Heartbeat while disconnected: the next Hello carries the live runs.
+
+    def _resolve(self, rid: int, value: Any) -> None:
+        with self._lock:
+            entry = self._admissions.pop(rid, None)
+        if entry is not None and not entry[0].done():
+            try:
+                entry[0].set_result(value)
+            except concurrent.futures.InvalidStateError:  # cancelled by a timed-out waiter
+                pass
+
+    # -- the thread -------------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self._main = loop.create_task(self._run_forever())
+            self._started.set()
+            loop.run_until_complete(self._main)
+        except BaseException:  # noqa: BLE001 - the thread must end quietly
+            log.debug("control thread ended", exc_info=True)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+                self._loop = None
+
+    async def _run_forever(self) -> None:
+        backoff = self.settings.reconnect_min_s
+        while not self._stopping:
+            established = False
+            try:
+                established = await self._session()
+            except asyncio.CancelledError:
+                if self._stopping:
+                    return
+            except Exception as exc:
+                self.counters["errors"] += 1
+                log.debug("otel-guard control stream error: %r", exc)
+            finally:
+                self._on_disconnect()
+            if self._stopping:
+                return
+            if established:
+                backoff = self.settings.reconnect_min_s
+            delay = backoff * random.uniform(0.5, 1.0)  # full jitter keeps a fleet from herding
+            backoff = min(backoff * 2, self.settings.reconnect_max_s)
+            self.counters["reconnects"] += 1
+            await asyncio.sleep(delay)
+
+    def _on_disconnect(self) -> None:
+        was = self.connected.is_set()
+        self.connected.clear()
+        self.first_attempt_done.set()
+        q, self._queue = self._queue, None
+        while q is not None and not q.empty():  # keep unsent termination records
+            m = q.get_nowait()
+            if m.HasField("run_ended"):
+                self._backlog.append(m)
+        if was:
+            self.counters["disconnects"] += 1
+            log.info("otel-guard: control stream lost; runs continue under local limits")
+        with self._lock:
+            pending = list(self._admissions)
+        for rid in pending:  # fail-open: waiting runs proceed at once
+            self._resolve(rid, None)
+
+    def _channel(self) -> grpc.aio.Channel:
+        target = self.settings.target
+        assert target is not None
+        opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        if self.settings.secure:
+            return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=opts)
+        return grpc.aio.insecure_channel(target, options=opts)
+
+    async def _session(self) -> bool:
+        channel = self._channel()
+        established = False
+        try:
+            metadata = (
+                (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
+            )
+            call = pb_grpc.GuardControlStub(channel).Attach(metadata=metadata)
+            q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
+            self._queue = q  # from here on new messages queue for this stream
+            with self._lock:
+                live = list(self._runs.values())
+                rid_of = {r: rid for rid, (_, r) in self._admissions.items()}
+            hello = pb.Hello(
+                process_id=self.process_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                tenant=self.settings.tenant,
+                sdk_version=_version(),
+                live_runs=[
+                    self._run_started(r, rid_of.get(r.run_id, 0), with_usage=True) for r in live
+                ],
+            )
+            await call.write(pb.AgentMessage(hello=hello))
+            while self._backlog:
+                await call.write(self._backlog.popleft())
+            welcomes = self.counters["welcomes"]
+            reader = asyncio.ensure_future(self._read(call))
+            writer = asyncio.ensure_future(self._write(call, q))
+            beat = asyncio.ensure_future(self._heartbeat(q))
+            try:
+                # The stream lives until the guard ends it or a write fails.
+                await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in (writer, beat, reader):
+                    t.cancel()
+                await asyncio.gather(writer, beat, reader, return_exceptions=True)
+            established = self.counters["welcomes"] > welcomes
+        finally:
+            await channel.close(grace=None)
+        return established
+
+    async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
+        while True:
+            msg = await q.get()
+            try:
+                await call.write(msg)
+            except Exception:
+                if msg.HasField("run_ended"):
+                    self._backlog.append(msg)  # resent after the reconnect
+                raise
+
+    async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            with self._lock:
+                live = list(self._runs.values())
+            beat = pb.Heartbeat(
+                runs=[
+                    pb.RunProgress(
+                        run_id=r.run_id, usage=usage_to_pb(r.budget.usage()), paused=r.paused
+                    )
+                    for r in live
+                ]
+            )
+            q.put_nowait(pb.AgentMessage(heartbeat=beat))
+
+    async def _read(self, call: Any) -> None:
+        async for msg in call:
+            try:
+                self._handle(msg)
+            except Exception:
+                self.counters["errors"] += 1
+                log.exception("otel-guard: handling a guard message failed")
+
+    async def _shutdown(self, drain_s: float) -> None:
+        q = self._queue
+        deadline = time.monotonic() + drain_s
+        while q is not None and not q.empty() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if self._main is not None:
+            self._main.cancel()
+
+    # -- guard -> agent -----------------------------------------------------------------------
+    def _handle(self, msg: pb.GuardMessage) -> None:
+        kind = msg.WhichOneof("body")
+        self.counters[kind or "unknown"] += 1
+        if kind == "welcome":
+            w = msg.welcome
+            self.guard_id = w.guard_id
+            if w.heartbeat_interval_ms:
+                self.heartbeat_s = w.heartbeat_interval_ms / 1000.0
+            if w.HasField("policy"):
+                self._apply_policy(w.policy)
+            self.counters["welcomes"] += 1
+            self.connected.set()
+            self.first_attempt_done.set()
+            return
+        if kind == "policy":
+            self._apply_policy(msg.policy)
+            return
+        body = getattr(msg, kind) if kind else None
+        run_id = getattr(body, "run_id", "")
+        with self._lock:
+            run = self._runs.get(run_id)
+        applied = run is not None and run.live
+        if kind == "admit":
+            if applied:
+                run.budget.set_limits(run.limits.tighten(limits_from_pb(msg.admit.effective)))
+                if msg.admit.price_book_version:
+                    run.price_book_version = msg.admit.price_book_version
+                run._arm_deadline()
+            self._resolve(msg.admit.request_id, "admit")
+        elif kind in ("deny", "cancel"):
+            d = getattr(msg, kind)
+            reason = _reason(d.reason)
+            by = DecidedBy.OPERATOR if reason is Reason.OPERATOR_CANCEL else DecidedBy.GUARD
+            if applied:
+                applied = run.interrupt(reason, d.detail, by, cancel=True)
+            if kind == "deny":
+                self._resolve(d.request_id, "deny")
+        elif kind in ("warn", "wrap_up"):
+            if applied:
+                d = getattr(msg, kind)
+                run.directive(kind, d.reason, d.detail, "guard")
+        if run_id:
+            ack = pb.Ack(command_id=msg.command_id, run_id=run_id, applied=bool(applied))
+            self._enqueue(pb.AgentMessage(ack=ack))  # already on the loop thread
+            self.counters["acks"] += 1
+
+    def _apply_policy(self, policy: pb.Policy) -> None:
+        try:
+            _, defaults, book = policy_from_pb(policy)
+        except Exception:
+            log.warning("otel-guard: ignoring an invalid policy from the guard", exc_info=True)
+            return
+        has_defaults = policy.HasField("run_defaults")
+        self.rt.set_policy(defaults if has_defaults else None, book)
+
+
+def _reason(value: str) -> Reason:
+    try:
+        return Reason(value)
+    except ValueError:
+        return Reason.OPERATOR_CANCEL
+
+
+def _version() -> str:
+    from guard import __version__
+
+    return __version__

@@ -1,0 +1,145 @@
+"""Low-latency span export to the guard.
+
+The default BatchSpanProcessor waits up to 5 s before exporting; an offending step must reach
+the guard in milliseconds. :class:`LowLatencySpanProcessor` hands each ended span to one
+background thread, which exports whatever is queued as one batch as soon as it wakes (after
+at most ``max_delay_ms`` of coalescing). Only spans of guarded traces are forwarded, so an
+application's unrelated spans do not flood the guard. Export errors are logged and counted,
+never raised into the agent.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+__all__ = ["LowLatencySpanProcessor", "make_otlp_exporter"]
+
+log = logging.getLogger("guard.sdk.export")
+
+
+class LowLatencySpanProcessor(SpanProcessor):
+    """Exports ended spans from a background thread within a few ms of their end.
+
+    ``trace_filter``: when given, a callable ``trace_id -> bool``; spans of other traces are
+    skipped (the guard only needs guarded runs). Counters: ``exported``, ``failed``,
+    ``dropped`` (queue full), ``batches``.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        max_delay_ms: float = 1.0,
+        max_batch: int = 512,
+        queue_size: int = 4096,
+        trace_filter: Any = None,
+    ) -> None:
+        self._exporter = exporter
+        self._delay_s = max(0.0, max_delay_ms) / 1000.0
+        self._max_batch = max_batch
+        self._queue_size = queue_size
+        self._filter = trace_filter
+        self._queue: collections.deque[ReadableSpan] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = False
+        self._stopped = False
+        self.exported = 0
+        self.failed = 0
+        self.dropped = 0
+        self.batches = 0
+        self._thread = threading.Thread(target=self._worker, name="otel-guard-export", daemon=True)
+        self._thread.start()
+
+    # SpanProcessor interface ---------------------------------------------------------------
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._stopped:
+            return
+        ctx = span.context
+        if self._filter is not None and (ctx is None or not self._filter(ctx.trace_id)):
+            return
+        with self._cond:
+            if len(self._queue) >= self._queue_size:
+                self.dropped += 1
+                return
+            self._queue.append(span)
+            self._cond.notify()
+
+    def shutdown(self) -> None:
+        self.force_flush(2.0)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=2.0)
+        try:
+            self._exporter.shutdown()
+        except Exception:  # pragma: no cover - exporter bugs must not reach the agent
+            log.debug("exporter shutdown failed", exc_info=True)
+
+    def force_flush(self, timeout_millis: int | float = 30_000) -> bool:
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    # worker -----------------------------------------------------------------------------------
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopped:
+                    self._cond.wait()
+                if self._stopped and not self._queue:
+                    return
+            if self._delay_s:
+                # Coalesce spans that end together (a tool batch, step end + run end).
+                time.sleep(self._delay_s)
+            with self._cond:
+                n = min(len(self._queue), self._max_batch)
+                batch = [self._queue.popleft() for _ in range(n)]
+                self._busy = True
+            try:
+                self._export(batch)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _export(self, batch: Sequence[ReadableSpan]) -> None:
+        try:
+            result = self._exporter.export(batch)
+        except Exception as exc:
+            self.failed += len(batch)
+            log.warning("otel-guard span export failed: %s", type(exc).__name__)
+            return
+        self.batches += 1
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(batch)
+        else:
+            self.failed += len(batch)
+            log.debug("otel-guard span export returned %s", result)
+
+
+def make_otlp_exporter(
+    target: str, *, token: str | None, secure: bool, timeout_s: float
+) -> SpanExporter:
+    """The real OTLP/gRPC span exporter pointed at the guard (bearer token in metadata)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    headers = {"authorization": f"Bearer {token}"} if token else None
+    return OTLPSpanExporter(
+        endpoint=target, insecure=not secure, headers=headers, timeout=timeout_s
+    )

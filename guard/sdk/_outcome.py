@@ -1,0 +1,155 @@
+"""Building a run's :class:`~guard.policy.Outcome` and classifying exceptions into reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from guard.errors import RunStopped
+from guard.policy import REASON_STATUS, DecidedBy, Outcome, Reason, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._run import Run
+
+__all__ = [
+    "ORIGIN_ATTR",
+    "build_outcome",
+    "classify_exception",
+    "final_outcome",
+    "outcome_attrs",
+    "tag",
+]
+
+# Exceptions raised by an @guard.tool or reported via step.model_call(error=...) are tagged,
+# so an exception escaping the run is recorded as tool_error / model_error, not just error.
+ORIGIN_ATTR = "__otel_guard_origin__"
+
+_MODEL_MODULES = ("openai", "anthropic", "google.genai", "google.api_core", "litellm", "mistral")
+_NOT_RECOVERABLE = {Reason.LOOP_DETECTED, Reason.NO_PROGRESS, Reason.INVALID_DECISION}
+
+
+def tag(exc: BaseException, origin: str) -> None:
+    try:
+        setattr(exc, ORIGIN_ATTR, origin)
+    except (AttributeError, TypeError):  # exceptions with __slots__
+        pass
+
+
+def classify_exception(exc: BaseException) -> Reason:
+    """tool_error / model_error for tagged or provider exceptions, else error."""
+    origin = getattr(exc, ORIGIN_ATTR, None)
+    if origin == "tool":
+        return Reason.TOOL_ERROR
+    if origin == "model":
+        return Reason.MODEL_ERROR
+    module = type(exc).__module__ or ""
+    if module.startswith(_MODEL_MODULES):
+        return Reason.MODEL_ERROR
+    return Reason.ERROR
+
+
+def build_outcome(
+    run: Run, status: Status, reason: Reason, message: str, by: DecidedBy
+) -> Outcome:
+    u = run.budget.usage()
+    limits = run.budget.limits
+    stopped = status is not Status.COMPLETED
+    partial = run.partial_result if run.partial_result is not None else run.did_work
+    return Outcome(
+        run_id=run.run_id,
+        status=status,
+        reason=reason,
+        message=message,
+        parent_run_id=run.parent_run_id,
+        tenant=run.tenant,
+        agent=run.agent,
+        trace_id=run.trace_id,
+        steps=u.steps,
+        model_calls=u.model_calls,
+        tool_calls=u.tool_calls,
+        tool_attempts=u.tool_attempts,
+        input_tokens=u.input_tokens,
+        output_tokens=u.output_tokens,
+        reasoning_tokens=u.reasoning_tokens,
+        cached_tokens=u.cached_tokens,
+        cost_usd=u.cost_usd,
+        elapsed_ms=int(run.elapsed_s() * 1000),
+        deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
+        last_tool=run.last_tool,
+        last_action_hash=run.last_action_hash,
+        loop_hits=run.detector.hits,
+        partial_result=bool(partial) and stopped,
+        recoverable=stopped
+        and status in (Status.TERMINATED, Status.CANCELLED, Status.DEGRADED)
+        and reason not in _NOT_RECOVERABLE
+        or reason is Reason.MODEL_ERROR,
+        decided_by=by,
+        price_book_version=run.price_book_version,
+        started_at=run.started_at,
+        ended_at=time.time(),
+    )
+
+
+def final_outcome(run: Run, exc: BaseException | None) -> tuple[Outcome, bool]:
+    """The outcome of a run that is unwinding with ``exc`` (``None`` = returned normally).
+
+    Returns ``(outcome, stopped)``; ``stopped`` means the decorator raises ``RunStopped``
+    (or lets the original exception through for non-stop failures). Order: an explicit cancel
+    wins over everything; completion wins over a budget reached in the same step; a stop the
+    user already saw keeps its reason even if the user caught it and returned.
+    """
+    intr = run.interrupt_info()
+    if intr is not None:
+        reason, detail, by, is_cancel = intr
+        if is_cancel or exc is not None:
+            msg = detail if reason is Reason.DEADLINE else _cancel_msg(reason, detail)
+            return run.snapshot(REASON_STATUS[reason], reason, msg, by), True
+    if run.stopped is not None:
+        d, by = run.stopped
+        return run.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR, d.message, by), True
+    if exc is None:
+        missing = _missing_evidence(run)
+        if missing:
+            msg = "missing evidence: " + ", ".join(missing)
+            return run.snapshot(Status.DEGRADED, Reason.MISSING_EVIDENCE, msg, DecidedBy.SDK), False
+        return run.snapshot(Status.COMPLETED, Reason.FINAL_ANSWER, "final answer", DecidedBy.SDK), False
+    if isinstance(exc, RunStopped):
+        # A sub-agent's stop escaping into this run: the same stop, seen one level up.
+        o = exc.outcome
+        msg = f"sub-agent run {o.run_id} stopped: {o.message}"
+        return run.snapshot(o.status, o.reason, msg, o.decided_by), True
+    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+        msg = f"cancelled from outside the run ({type(exc).__name__})"
+        return run.snapshot(Status.CANCELLED, Reason.USER_CANCEL, msg, DecidedBy.SDK), False
+    reason = classify_exception(exc)
+    msg = f"{reason.value}: {type(exc).__name__}"  # never the exception text: it may be raw data
+    return run.snapshot(Status.FAILED, reason, msg, DecidedBy.SDK), False
+
+
+def _missing_evidence(run: Run) -> list[str]:
+    out = []
+    for name in run.require_evidence:
+        ok = run.evidence_seen.get(name)
+        if ok is None:
+            out.append(name)
+        elif not ok:
+            out.append(f"{name} (failed)")
+    return out
+
+
+def _cancel_msg(reason: Reason, detail: str) -> str:
+    return f"cancelled: {reason.value}" + (f" ({detail})" if detail else "")
+
+
+def outcome_attrs(outcome: Outcome) -> dict[str, Any]:
+    """End attributes of the run span."""
+    attrs: dict[str, Any] = {
+        "guard.stop.status": outcome.status.value,
+        "guard.stop.reason": outcome.reason.value,
+        "guard.usage.steps": outcome.steps,
+        "guard.usage.tool_calls": outcome.tool_calls,
+    }
+    if outcome.cost_usd is not None:
+        attrs["guard.cost.usd"] = outcome.cost_usd
+    return attrs

@@ -1,0 +1,402 @@
+"""The live run: budget, loop detector, cancellation and the stop state machine.
+
+Stop paths, all ending in one :class:`~guard.policy.Outcome`:
+
+* a *check* before a step or tool call finds a hard limit reached -> ``RunStopped`` now;
+* a decision *after* a model call or tool batch finds a limit reached -> the stop is pending
+  and raised at the next SDK call (so a final answer produced by that call still completes:
+  completion wins over a budget reached in the same step);
+* an *interrupt* (``run.cancel``, a guard command, the deadline timer) from any thread: new
+  work is refused at once, the async task is cancelled, tracked process groups get SIGTERM then
+  SIGKILL and ``on_cancel`` callbacks run (seed 001 order); completed results are kept and the
+  outcome is reported when the decorated function unwinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from guard.errors import RunStopped
+from guard.policy import (
+    REASON_STATUS,
+    Action,
+    Budget,
+    DecidedBy,
+    Decision,
+    Limits,
+    LoopDetector,
+    Phase,
+    Reason,
+    Remaining,
+    SoftLevel,
+    Status,
+)
+from guard.sdk import _timers
+from guard.sdk._outcome import build_outcome
+from guard.sdk._procs import TrackedProcess
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy import Outcome
+    from guard.sdk._runtime import Runtime
+
+__all__ = ["Run", "current_run_or_none"]
+
+log = logging.getLogger("guard.sdk")
+
+_current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("guard_run", default=None)
+# Tasks whose cancellation the SDK requested, and by which run (to uncancel exactly once).
+_task_cancels: dict[asyncio.Task[Any], Run] = {}
+
+
+def current_run_or_none() -> Run | None:
+    return _current.get()
+
+
+class Run:
+    """One guarded run. Obtain it with ``guard.current_run()`` inside a ``@guard.run``."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        agent: str,
+        tenant: str,
+        limits: Limits,
+        parent: Run | None,
+        require_evidence: tuple[str, ...] = (),
+        is_async: bool = False,
+    ) -> None:
+        self.rt = rt
+        self.run_id = uuid.uuid4().hex
+        self.agent = agent
+        self.tenant = tenant
+        self.parent = parent
+        self.parent_run_id = parent.run_id if parent is not None else None
+        self.requested = limits
+        self.budget = Budget(limits, parent=parent.budget if parent is not None else None)
+        self.detector = LoopDetector(limits.loop)
+        self.fp = rt.fingerprinter_for(limits.loop.ignore_fields)
+        self.soft = SoftLevel()
+        self.require_evidence = require_evidence
+        self.is_async = is_async
+        self.price_book_version = rt.price_book_version
+        self.started_at = time.time()
+        self.t0 = time.monotonic()
+        self.trace_id = ""
+        self.span: Any = None
+        self.ctx: Any = None
+        self.task: asyncio.Task[Any] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.outcome: Outcome | None = None
+        self.evidence_seen: dict[str, bool] = {}
+        self.last_tool: str | None = None
+        self.last_action_hash: str | None = None
+        self.step_index = 0
+        self.did_work = False
+        self.partial_result: bool | None = None  # the user may say so explicitly
+        self.warned = False
+        self.wrap_up_requested = False
+        self.directives: list[tuple[str, str, str, str]] = []  # (action, reason, detail, source)
+        self._lock = threading.RLock()
+        self._children: list[Run] = []
+        self._procs: list[TrackedProcess] = []
+        self._cancel_cbs: list[Callable[[], Any]] = []
+        self._directive_cbs: list[Callable[[str, str, str], Any]] = []
+        self._interrupt: tuple[Reason, str, DecidedBy, bool] | None = None
+        self._pending: Decision | None = None
+        self.stopped: tuple[Decision, DecidedBy] | None = None  # a stop raised to the user
+        self._deadline_timer: _timers.Timer | None = None
+        self.live = True
+        if parent is not None:
+            with parent._lock:
+                parent._children.append(self)
+
+    # -- public surface -------------------------------------------------------------------
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<guard.Run {self.agent} {self.run_id} steps={self.budget.usage().steps}>"
+
+    @property
+    def limits(self) -> Limits:
+        """The effective limits (decorator, tightened by the guard's admit)."""
+        return self.budget.limits
+
+    @property
+    def cancelled(self) -> bool:
+        """True as soon as a cancel (or deadline/guard stop) is requested, from any thread."""
+        return self._interrupt is not None
+
+    @property
+    def paused(self) -> bool:
+        return self.budget.paused
+
+    def usage(self) -> Any:
+        return self.budget.usage()
+
+    def remaining(self) -> Remaining:
+        """What is left: seconds, steps, tokens, cost_usd, tool_calls (``None`` = unlimited)."""
+        return self.budget.remaining()
+
+    def timeout(self, configured_s: float | None = None) -> float | None:
+        """``min(configured_s, remaining time - safety margin)``: use for every I/O timeout."""
+        return self.budget.effective_timeout(configured_s)
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``RunStopped`` if the run was cancelled or must stop (a cheap check)."""
+        if self._interrupt is not None or self._pending is not None:
+            self.check_stop()
+
+    def cancel(self, reason: str | Reason = "user_cancel", detail: str = "") -> bool:
+        """Cancel the run from any thread or task. Returns False when it had already ended.
+
+        ``reason`` is a stop reason (``user_cancel`` by default); free text is recorded as the
+        detail of a ``user_cancel``.
+        """
+        try:
+            r = Reason(reason)
+        except ValueError:
+            r, detail = Reason.USER_CANCEL, detail or str(reason)
+        by = DecidedBy.OPERATOR if r is Reason.OPERATOR_CANCEL else DecidedBy.SDK
+        return self.interrupt(r, detail, by)
+
+    def on_cancel(self, callback: Callable[[], Any]) -> None:
+        """Call ``callback()`` when the run is cancelled or stopped (runs at once if it was)."""
+        with self._lock:
+            fire = self._interrupt is not None
+            if not fire:
+                self._cancel_cbs.append(callback)
+        if fire:
+            _safe(callback)
+
+    def on_directive(self, callback: Callable[[str, str, str], Any]) -> None:
+        """Call ``callback(action, reason, detail)`` on each warn / wrap_up (local or guard)."""
+        self._directive_cbs.append(callback)
+
+    def track_process(self, proc: Any) -> Any:
+        """Register a subprocess (Popen, asyncio Process or pid); its group dies on cancel.
+
+        Start it with ``start_new_session=True`` so the whole process tree is one group.
+        Returns ``proc`` for chaining.
+        """
+        tp = TrackedProcess(proc)
+        with self._lock:
+            self._procs = [p for p in self._procs if p.pgid is not None or p.alive()]
+            self._procs.append(tp)
+            fire = self._interrupt is not None
+        if fire:
+            tp.terminate(self.rt.settings.kill_grace_s)
+        return proc
+
+    def pause(self, reason: str = "") -> None:
+        """Pause for approval: not a stop. The deadline freezes if the policy says so."""
+        self.budget.pause()
+        if self.limits.pause_freezes_deadline:
+            self._disarm_deadline()
+        if self.span is not None:
+            self.span.add_event("guard.pause", {"guard.pause.reason_fp": self.fp.text(reason)})
+
+    def resume(self) -> None:
+        self.budget.resume()
+        self._arm_deadline()
+        if self.span is not None:
+            self.span.add_event("guard.resume")
+
+    def evidence(self, name: str, ok: bool = True) -> None:
+        """Record evidence (e.g. ``tests_passed``) for ``require_evidence``."""
+        with self._lock:
+            self.evidence_seen[name] = bool(ok)  # the latest word wins (tests fixed, re-run)
+        if self.span is not None:
+            self.span.add_event("guard.evidence", {"guard.evidence.name": name, "ok": bool(ok)})
+
+    def mark_partial(self, value: bool = True) -> None:
+        """Say explicitly whether a usable partial result exists if the run stops."""
+        self.partial_result = value
+
+    # -- interrupts (any thread) ----------------------------------------------------------
+    def interrupt(
+        self, reason: Reason, detail: str = "", by: DecidedBy = DecidedBy.SDK, *, cancel=True
+    ) -> bool:
+        """Stop the run from outside its flow (seed 001 order). Thread-safe, idempotent."""
+        with self._lock:
+            if not self.live or self._interrupt is not None:
+                return self.live
+            # 1. refuse new work: every SDK call raises from now on.
+            self._interrupt = (reason, detail, by, cancel)
+            children = list(self._children)
+            procs, self._procs = self._procs, []
+            cbs, self._cancel_cbs = self._cancel_cbs, []
+        self._disarm_deadline()
+        for child in children:
+            child.interrupt(reason, detail, by, cancel=cancel)
+        # 2. stop in-flight work: the awaiting task, the process groups, user callbacks.
+        if self.is_async and self.task is not None and self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._cancel_task)
+            except RuntimeError:  # loop closed: nothing in flight any more
+                pass
+        grace = self.rt.settings.kill_grace_s
+        for p in procs:
+            p.terminate(grace)
+        for cb in cbs:
+            _safe(cb)
+        # 3./4. completed results stay recorded; the decorator reports the outcome.
+        return True
+
+    def _cancel_task(self) -> None:
+        task = self.task
+        if not self.live or task is None or task.done() or task in _task_cancels:
+            return
+        _task_cancels[task] = self
+        task.cancel(msg=f"otel-guard: run {self.run_id} stopped")
+
+    def consume_task_cancel(self) -> bool:
+        """On unwind: undo the SDK's own task cancellation (only the run that made it)."""
+        task = self.task
+        if task is not None and _task_cancels.get(task) is self:
+            del _task_cancels[task]
+            task.uncancel()
+            return True
+        return False
+
+    def _arm_deadline(self) -> None:
+        deadline = self.limits.deadline_s
+        if deadline is None or self._interrupt is not None or not self.live:
+            return
+        self._disarm_deadline()
+        left = deadline - self.budget.elapsed_s()
+        self._deadline_timer = _timers.schedule(left, self._deadline_fired)
+
+    def _disarm_deadline(self) -> None:
+        t, self._deadline_timer = self._deadline_timer, None
+        if t is not None:
+            t.cancel()
+
+    def _deadline_fired(self) -> None:
+        if self.paused and self.limits.pause_freezes_deadline:
+            return
+        left = (self.limits.deadline_s or 0.0) - self.budget.elapsed_s()
+        if left > 0.001:  # limits changed or paused time excluded: re-arm
+            self._deadline_timer = _timers.schedule(left, self._deadline_fired)
+            return
+        msg = f"deadline_s {self.limits.deadline_s:g} reached (elapsed_s={self.elapsed_s():.3f})"
+        self.interrupt(Reason.DEADLINE, msg, DecidedBy.SDK, cancel=False)
+
+    # -- decisions (run's own flow) --------------------------------------------------------
+    def check_stop(self) -> None:
+        """Raise ``RunStopped`` for an interrupt or a pending stop (no new policy evaluation)."""
+        intr = self._interrupt
+        if intr is not None:
+            reason, detail, by, _ = intr
+            msg = detail if reason is Reason.DEADLINE else _cancel_msg(reason, detail)
+            self.raise_stop(Decision(Action.STOP, REASON_STATUS[reason], reason, message=msg), by)
+        pending = self._pending
+        if pending is not None:
+            self.raise_stop(pending, DecidedBy.SDK)
+
+    def check(self, phase: Phase = Phase.BEFORE_STEP) -> None:
+        """Full check before new work: interrupts, pending stops, then the policy."""
+        if self._interrupt is not None or self._pending is not None:
+            self.check_stop()
+        d = self.budget.decide(phase=phase)
+        if d.action is not Action.CONTINUE:
+            self.apply(d, raise_now=True)
+        if self.parent is not None:
+            self._check_ancestors(phase)
+
+    def after(self, phase: Phase, loop: Any = None) -> None:
+        """Evaluate after a model call / tool batch: a stop becomes pending."""
+        d = self.budget.decide(phase=phase, loop=loop)
+        if d.action is not Action.CONTINUE:
+            self.apply(d, raise_now=False)
+        if self.parent is not None:
+            self._check_ancestors(phase, raise_now=False)
+
+    def _check_ancestors(self, phase: Phase, raise_now: bool = True) -> None:
+        anc = self.parent
+        while anc is not None:
+            d = anc.budget.decide(phase=phase)
+            if d.stop:
+                anc.apply(d, raise_now=False)  # the parent stops when the child unwinds
+                msg = f"parent run {anc.run_id}: {d.message}"
+                self.apply(Decision(d.action, d.status, d.reason, d.utilisation, d.metric, msg),
+                           raise_now=raise_now)
+            anc = anc.parent
+
+    def apply(self, d: Decision, *, raise_now: bool) -> None:
+        if d.action is Action.STOP:
+            if self._pending is None:
+                self._pending = d
+            if raise_now:
+                self.raise_stop(d, DecidedBy.SDK)
+            return
+        act = self.soft.advance(d)
+        if act is not None:
+            self.directive(act.value, d.reason.value if d.reason else "", d.message, "sdk")
+
+    def directive(self, action: str, reason: str, detail: str, source: str) -> None:
+        """A warn / wrap_up from the local policy or the guard: exposed and recorded."""
+        if action == Action.WARN.value:
+            self.warned = True
+        elif action == Action.WRAP_UP.value:
+            self.wrap_up_requested = True
+        self.directives.append((action, reason, detail, source))
+        if self.span is not None:
+            self.span.add_event(
+                f"guard.{action}", {"guard.reason": reason, "guard.decided_by": source}
+            )
+        for cb in list(self._directive_cbs):
+            _safe(cb, action, reason, detail)
+
+    def raise_stop(self, d: Decision, by: DecidedBy) -> None:
+        if self.stopped is None:
+            self.stopped = (d, by)
+        raise RunStopped(self.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR,
+                                       d.message, by))
+
+    # -- outcome ----------------------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def snapshot(self, status: Status, reason: Reason, message: str, by: DecidedBy) -> Outcome:
+        return build_outcome(self, status, reason, message, by)
+
+    def interrupt_info(self) -> tuple[Reason, str, DecidedBy, bool] | None:
+        return self._interrupt
+
+    def pending(self) -> Decision | None:
+        return self._pending
+
+    def end(self) -> list[TrackedProcess]:
+        """Mark the run over; returns processes still tracked (for cleanup on stop)."""
+        with self._lock:
+            self.live = False
+            procs, self._procs = self._procs, []
+        self._disarm_deadline()
+        if self.parent is not None:
+            with self.parent._lock:
+                if self in self.parent._children:
+                    self.parent._children.remove(self)
+        return procs
+
+
+def _cancel_msg(reason: Reason, detail: str) -> str:
+    return f"cancelled: {reason.value}" + (f" ({detail})" if detail else "")
+
+
+def _safe(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        res = fn(*args)
+        if asyncio.iscoroutine(res):
+            res.close()  # callbacks must be synchronous; never leave a coroutine unawaited
+            log.warning("otel-guard: on_cancel/on_directive callbacks must be synchronous")
+    except Exception:
+        log.exception("otel-guard: callback failed")

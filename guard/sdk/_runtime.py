@@ -1,0 +1,192 @@
+"""The process-wide SDK runtime: tracer, fingerprinter, price book, exporter, control client.
+
+Built lazily from the settings on first use, rebuilt by :func:`guard.configure`. Nothing here
+raises into the agent: a failing exporter or guard degrades to local-only behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits
+from guard.sdk._config import Settings, get_settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._control import ControlClient
+    from guard.sdk._export import LowLatencySpanProcessor
+
+__all__ = ["Runtime", "get_runtime", "reset_runtime"]
+
+log = logging.getLogger("guard.sdk")
+
+_DEFAULT_IGNORE = ("page", "offset", "cursor", "request_id", "timestamp")
+
+
+class Runtime:
+    """Everything a run needs from the process. One instance per settings object."""
+
+    def __init__(self, settings: Settings) -> None:
+        from guard import __version__
+
+        self.settings = settings
+        self.provider, self.owns_provider = self._pick_provider(settings)
+        self.tracer = self.provider.get_tracer("otel-guard", __version__)
+        # No key configured: one random key per runtime, shared by every ignore-field variant
+        # (fingerprints then compare within this process only, enough for loop detection).
+        self._hmac_key = settings.hmac_key or secrets.token_bytes(32)
+        self._fingerprinters: dict[tuple[str, ...], Fingerprinter] = {}
+        self.fingerprinter = self.fingerprinter_for(_DEFAULT_IGNORE)
+        self.price_book: Any = settings.price_book or DEFAULT_PRICE_BOOK
+        self.price_book_version: str = getattr(self.price_book, "version", "") or ""
+        self.policy_defaults: Limits | None = None  # pushed by the guard (Welcome / Policy)
+        self._lock = threading.Lock()
+        self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
+        self.processor: LowLatencySpanProcessor | None = None
+        self.control: ControlClient | None = None
+        if settings.endpoint is not None:
+            self._attach_guard(settings)
+
+    # -- providers and export ---------------------------------------------------------------
+    @staticmethod
+    def _pick_provider(settings: Settings) -> tuple[TracerProvider, bool]:
+        if settings.tracer_provider is not None:
+            return settings.tracer_provider, False
+        current = trace.get_tracer_provider()
+        if isinstance(current, TracerProvider):
+            return current, False
+        # No SDK provider installed by the application: keep a private one rather than
+        # installing a global the application might set later (set-once semantics).
+        return TracerProvider(), True
+
+    def _attach_guard(self, settings: Settings) -> None:
+        from guard.sdk._control import ControlClient
+        from guard.sdk._export import LowLatencySpanProcessor, make_otlp_exporter
+
+        assert settings.target is not None
+        try:
+            exporter = make_otlp_exporter(
+                settings.target,
+                token=settings.token,
+                secure=settings.secure,
+                timeout_s=settings.export_timeout_s,
+            )
+            self.processor = LowLatencySpanProcessor(
+                exporter,
+                max_delay_ms=settings.export_max_delay_ms,
+                max_batch=settings.export_max_batch,
+                queue_size=settings.export_queue_size,
+                trace_filter=self.is_guarded,
+            )
+            self.provider.add_span_processor(self.processor)
+        except Exception:
+            log.exception("otel-guard: could not attach the span exporter; spans stay local")
+        try:
+            self.control = ControlClient(settings, self)
+            self.control.start()
+        except Exception:
+            log.exception("otel-guard: could not start the control stream; local-only")
+            self.control = None
+
+    def is_guarded(self, trace_id: int) -> bool:
+        return trace_id in self._guarded
+
+    def trace_started(self, trace_id: int) -> None:
+        with self._lock:
+            self._guarded[trace_id] = self._guarded.get(trace_id, 0) + 1
+
+    def trace_ended(self, trace_id: int) -> None:
+        with self._lock:
+            n = self._guarded.get(trace_id, 0) - 1
+            if n <= 0:
+                self._guarded.pop(trace_id, None)
+            else:
+                self._guarded[trace_id] = n
+
+    # -- policy ---------------------------------------------------------------------------
+    def fingerprinter_for(self, ignore_fields: tuple[str, ...]) -> Fingerprinter:
+        fp = self._fingerprinters.get(ignore_fields)
+        if fp is None:
+            fp = Fingerprinter(self._hmac_key, ignore_fields=ignore_fields)
+            self._fingerprinters[ignore_fields] = fp
+        return fp
+
+    def set_policy(self, defaults: Limits | None, price_book: Any | None) -> None:
+        """Apply a policy pushed by the guard (run defaults and prices) to future runs."""
+        if defaults is not None:
+            self.policy_defaults = defaults
+        if price_book is not None and price_book.models and self.settings.price_book is None:
+            self.price_book = price_book
+            self.price_book_version = price_book.version or ""
+
+    def cost_usd(
+        self, model: str, *, input_tokens: int, output_tokens: int, cached_tokens: int
+    ) -> float | None:
+        try:
+            return self.price_book.cost_usd(
+                model,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cached_tokens=cached_tokens,
+            )
+        except Exception:
+            log.debug("price book lookup failed for %r", model, exc_info=True)
+            return None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        ok = True
+        if self.processor is not None:
+            ok = self.processor.force_flush(timeout_s * 1000)
+        return ok
+
+    def close(self) -> None:
+        if self.control is not None:
+            try:
+                self.control.stop()
+            except Exception:  # pragma: no cover
+                log.debug("control stop failed", exc_info=True)
+        if self.processor is not None:
+            try:
+                self.processor.shutdown()
+            except Exception:  # pragma: no cover
+                log.debug("processor shutdown failed", exc_info=True)
+        if self.owns_provider:
+            try:
+                self.provider.shutdown()
+            except Exception:  # pragma: no cover
+                log.debug("provider shutdown failed", exc_info=True)
+
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    """The current runtime, built from the settings on first use."""
+    rt = _runtime
+    if rt is not None:
+        return rt
+    return _build()
+
+
+def _build() -> Runtime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime(get_settings())
+        return _runtime
+
+
+def reset_runtime(old: Settings | None = None) -> None:
+    """Close the current runtime; the next run builds one from the new settings."""
+    global _runtime
+    with _lock:
+        rt, _runtime = _runtime, None
+    if rt is not None:
+        rt.close()

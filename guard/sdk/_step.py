@@ -1,0 +1,225 @@
+"""``guard.step()``: one decision iteration of the agent loop, usable with ``with``/``async with``."""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from guard.policy import Action, Phase
+from guard.sdk import _spans as A
+from guard.sdk._calls import MISSING, record_model_call, record_tool_call
+from guard.sdk._run import current_run_or_none
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._run import Run
+
+__all__ = ["Step", "current_step", "step"]
+
+_current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
+    "guard_step", default=None
+)
+_ERROR = Status(StatusCode.ERROR)
+
+
+def current_step() -> Step | None:
+    """The innermost open step of this context, or ``None``."""
+    return _current_step.get()
+
+
+class Step:
+    """One step. Outside a run (or with the SDK disabled) every method is a cheap no-op.
+
+    ``step.model_call(...)`` and ``step.tool_call(...)`` record usage and evaluate the policy
+    after the call; ``step.progress(...)`` feeds the stagnation detector. Entering a step
+    checks the policy first and raises ``RunStopped`` when the run must not take another step.
+    """
+
+    __slots__ = (
+        "_ctx",
+        "_otel_token",
+        "_progress",
+        "_state",
+        "_token",
+        "action",
+        "index",
+        "run",
+        "span",
+        "tool_calls",
+    )
+
+    def __init__(self, run: Run | None) -> None:
+        self.run = run
+        self.index = 0
+        self.span: Any = None
+        self.action: str | None = None
+        self.tool_calls = 0
+        self._progress: bool | None = None
+        self._state: str | None = None
+        self._ctx: Any = None
+        self._token: Any = None
+        self._otel_token: Any = None
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> Step:
+        run = self.run
+        if run is None:
+            return self
+        run.check(Phase.BEFORE_STEP)
+        run.budget.record_step()
+        run.step_index += 1
+        self.index = run.step_index
+        self.span = run.rt.tracer.start_span(
+            A.STEP_SPAN,
+            context=run.ctx,
+            attributes={A.RUN_ID: run.run_id, A.TENANT: run.tenant, A.STEP_INDEX: self.index},
+        )
+        self._ctx = trace.set_span_in_context(self.span)
+        self._otel_token = otel_context.attach(self._ctx)
+        self._token = _current_step.set(self)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        run = self.run
+        if run is None or self.span is None:
+            return
+        attrs: dict[str, Any] = {}
+        if self._progress is not None:
+            attrs[A.PROGRESS] = self._progress
+        if self._state is not None:
+            attrs[A.STATE_HASH] = self._state
+        if self.action is not None:
+            attrs[A.ACTION_FP] = self.action
+        if et is not None:
+            attrs[A.ERROR_TYPE] = et.__qualname__
+            self.span.set_status(_ERROR)
+        else:
+            with run._lock:
+                verdict = run.detector.end_step(
+                    state=self._state, progress=self._progress, acted=self.tool_calls > 0
+                )
+            if verdict.level is not Action.CONTINUE:
+                run.after(Phase.AFTER_TOOL_BATCH, verdict)
+        if attrs:
+            self.span.set_attributes(attrs)
+        self.span.end()
+        try:
+            _current_step.reset(self._token)
+            otel_context.detach(self._otel_token)
+        except ValueError:  # exited in another context (e.g. a generator); harmless
+            pass
+        self.span = None
+
+    async def __aenter__(self) -> Step:
+        return self.__enter__()
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
+        self.__exit__(et, ev, tb)
+
+    # -- recording --------------------------------------------------------------------------
+    def _parent(self) -> Any:
+        return self._ctx if self._ctx is not None else self.run.ctx  # type: ignore[union-attr]
+
+    def model_call(
+        self,
+        *,
+        model: str,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        cached_tokens: int = 0,
+        cost_usd: float | None = None,
+        provider: str | None = None,
+        operation: str = "chat",
+        response_id: str | None = None,
+        error: BaseException | None = None,
+        started_at: float | None = None,
+    ) -> float | None:
+        """Record a model call. ``input_tokens`` include cached ones, ``output_tokens`` the
+        reasoning ones (GenAI conventions). Cost comes from the price book unless given;
+        ``None`` when unpriced. Pass ``error=`` for a failed call (recorded as model_error
+        if it escapes the run). ``started_at`` (Unix seconds) sets the span start.
+        """
+        run = self.run
+        if run is None:
+            return cost_usd
+        cost = record_model_call(
+            run,
+            self._parent(),
+            model=model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            reasoning_tokens=reasoning_tokens,
+            cached_tokens=cached_tokens,
+            cost_usd=cost_usd,
+            provider=provider,
+            operation=operation,
+            response_id=response_id,
+            error=error,
+            started_at=started_at,
+        )
+        if run.cancelled:  # recorded first: completed results are kept
+            run.check_stop()
+        return cost
+
+    def tool_call(
+        self,
+        name: str,
+        args: Any = None,
+        *,
+        result: Any = MISSING,
+        attempts: int = 1,
+        cost_usd: float | None = None,
+        error: BaseException | None = None,
+        call_id: str | None = None,
+        started_at: float | None = None,
+    ) -> str | None:
+        """Record a finished tool call; returns its action fingerprint (HMAC of name+args).
+
+        The call is recorded first (completed results are kept), then a cancel or a stop
+        reached by it is raised.
+        """
+        run = self.run
+        if run is None:
+            return None
+        self.tool_calls += 1
+        fp = record_tool_call(
+            run,
+            self._parent(),
+            self,
+            name,
+            args,
+            result=result,
+            attempts=attempts,
+            cost_usd=cost_usd,
+            error=error,
+            call_id=call_id,
+            started_at=started_at,
+        )
+        if run.cancelled:
+            run.check_stop()
+        return fp
+
+    def note_tool(self, action: str) -> None:
+        self.action = action
+
+    def progress(self, made: bool | None = None, *, facts: Any = None) -> None:
+        """Report progress: ``progress(True)``, or ``facts=[...]`` whose hash is the state.
+
+        The state hash changes when the facts change; an unchanged state over
+        ``no_progress_steps`` steps is stagnation.
+        """
+        if self.run is None:
+            return
+        if made is not None:
+            self._progress = bool(made)
+        if facts is not None:
+            self._state = self.run.fp.state(facts)
+
+
+def step() -> Step:
+    """Open one step of the current run: ``with guard.step() as step: ...``."""
+    return Step(current_run_or_none())

@@ -1,0 +1,151 @@
+"""``GuardAdmin``: fleet cancel, live runs, tenant budgets and the store's report.
+
+A tenant token sees and cancels only its own tenant's runs; ``--all`` needs the admin token.
+Report reads the attached store in a worker thread (ClickHouse queries block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from guard.errors import GuardUnavailable, InvalidInput
+from guard.server._auth import Principal
+from guard.server._state import RunState
+from guard.server._status import PermissionDenied, grpc_errors
+from guard.v1 import guard_pb2 as pb
+from guard.v1 import guard_pb2_grpc
+from guard.wire import limits_to_pb, usage_to_pb
+
+__all__ = ["AdminServicer", "run_status"]
+
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 100_000
+_ROW_FIELDS = frozenset(pb.DistributionRow.DESCRIPTOR.fields_by_name)
+_POINT_FIELDS = frozenset(pb.SeriesPoint.DESCRIPTOR.fields_by_name)
+
+
+def run_status(run: RunState) -> pb.RunStatus:
+    budget = run.budget
+    util, metric = budget.utilisation()
+    if run.detached_at is not None:
+        state = "detached"
+    elif run.paused:
+        state = "paused"
+    elif run.stop_reason is not None:
+        state = "stopping"
+    else:
+        state = "running"
+    return pb.RunStatus(
+        run_id=run.run_id,
+        parent_run_id=run.parent_run_id,
+        tenant=run.tenant,
+        agent=run.agent,
+        process_id=run.session.process_id if run.session is not None else "",
+        usage=usage_to_pb(budget.usage()),
+        limits=limits_to_pb(budget.limits),
+        elapsed_s=budget.elapsed_s(),
+        utilisation=util or 0.0,
+        metric=metric or "",
+        state=state,
+        connected=run.connected,
+    )
+
+
+class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        return self.app.auth.principal(context.invocation_metadata())
+
+    @grpc_errors
+    async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
+        principal = self._principal(context)
+        target = request.selector.WhichOneof("target")
+        if target is None:
+            raise InvalidInput("selector is empty: give run_id, tenant, agent or all")
+        value = getattr(request.selector, target)
+        if target == "all" and not value:
+            raise InvalidInput("selector.all must be true")
+        if target != "all" and not value:
+            raise InvalidInput(f"selector.{target} is empty")
+        ids = self.app.registry.cancel(target, value, request.reason[:1000], principal)
+        return pb.CancelResponse(run_ids=ids)
+
+    @grpc_errors
+    async def ListRuns(self, request: pb.ListRunsRequest, context: Any) -> pb.ListRunsResponse:
+        principal = self._principal(context)
+        tenant = request.tenant
+        if principal.tenant is not None:
+            if tenant and tenant != principal.tenant:
+                raise PermissionDenied(
+                    f"token of tenant {principal.tenant!r} may not list tenant {tenant!r}"
+                )
+            tenant = principal.tenant
+        registry = self.app.registry
+        if tenant:
+            runs = [
+                registry.runs[i] for i in registry.by_tenant.get(tenant, ()) if i in registry.runs
+            ]
+        else:
+            runs = list(registry.runs.values())
+        if request.agent:
+            runs = [r for r in runs if r.agent == request.agent]
+        runs.sort(key=lambda r: r.started_at)
+        limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        return pb.ListRunsResponse(runs=[run_status(r) for r in runs[:limit]], total=len(runs))
+
+    @grpc_errors
+    async def TenantBudgets(
+        self, request: pb.TenantBudgetsRequest, context: Any
+    ) -> pb.TenantBudgetsResponse:
+        principal = self._principal(context)
+        tenants = self.app.registry.tenants
+        if request.tenant:
+            principal.check_tenant(request.tenant, "the budget")
+            names = [request.tenant]
+        elif principal.tenant is not None:
+            names = [principal.tenant]
+        else:
+            names = tenants.known()
+        return pb.TenantBudgetsResponse(tenants=[tenants.to_pb(n) for n in names])
+
+    @grpc_errors
+    async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
+        principal = self._principal(context)
+        tenant = request.tenant or None
+        if principal.tenant is not None:
+            if tenant and tenant != principal.tenant:
+                raise PermissionDenied(
+                    f"token of tenant {principal.tenant!r} may not report on tenant {tenant!r}"
+                )
+            tenant = principal.tenant
+        store = self.app.sink
+        report = getattr(store, "report", None)
+        if report is None:
+            raise GuardUnavailable(
+                "this guard has no store attached (started without ClickHouse): "
+                "run `otel-guard report --clickhouse DSN` against the store directly"
+            )
+        result = await asyncio.to_thread(
+            report,
+            since=request.since_unix if request.HasField("since_unix") else None,
+            until=request.until_unix if request.HasField("until_unix") else None,
+            tenant=tenant,
+            agent=request.agent or None,
+            bucket_s=request.bucket_s or 60,
+        )
+        rows = getattr(result, "rows", None) or []
+        series = getattr(result, "series", None) or []
+        return pb.ReportResponse(
+            rows=[pb.DistributionRow(**_pick(r, _ROW_FIELDS)) for r in rows],
+            series=[pb.SeriesPoint(**_pick(p, _POINT_FIELDS)) for p in series],
+        )
+
+
+def _pick(row: Any, names: frozenset[str]) -> dict[str, Any]:
+    d = row if isinstance(row, dict) else getattr(row, "__dict__", {})
+    return {k: v for k, v in d.items() if k in names and v is not None}

@@ -1,0 +1,300 @@
+"""``GuardServer``: one grpc.aio server carrying OTLP, GuardControl, GuardAdmin, health and
+reflection on one port, plus :class:`ServerThread` to run it beside synchronous code.
+
+Drain (SIGTERM): health goes NOT_SERVING and new Exports get UNAVAILABLE; every control
+stream ends with UNAVAILABLE "guard is draining" (agents reconnect with backoff and re-send
+their live runs to the next guard, so no run is ended by a drain); in-flight RPCs get up to
+half of ``drain_s``; unacked decisions are written; the sink is flushed with what remains.
+The whole drain is bounded by ``drain_s`` (default :data:`DEFAULT_DRAIN_S` = 10 s); the Helm
+chart's terminationGracePeriodSeconds (15) leaves a margin above it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from guard.errors import ConfigError, GuardUnavailable
+from guard.policy import PolicyConfig
+from guard.server._admin import AdminServicer
+from guard.server._auth import Authenticator
+from guard.server._control import ControlServicer
+from guard.server._fanout import AgentSession
+from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
+from guard.server._otlp import trace_service_handler
+from guard.server._registry import Registry
+from guard.server._sinks import NullSink
+from guard.v1 import guard_pb2, guard_pb2_grpc
+from guard.wire import policy_to_pb
+
+__all__ = [
+    "DEFAULT_DRAIN_S",
+    "DEFAULT_LISTEN",
+    "GuardServer",
+    "ServerThread",
+    "TlsFiles",
+    "is_loopback",
+]
+
+log = logging.getLogger("guard.server")
+
+DEFAULT_LISTEN = "127.0.0.1:4317"
+DEFAULT_DRAIN_S = 10.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # larger OTLP batches get RESOURCE_EXHAUSTED
+SWEEP_INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM paths. With ``client_ca`` the server requires client certificates (mTLS)."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+
+def is_loopback(listen: str) -> bool:
+    host = listen.rsplit(":", 1)[0].strip("[]") if ":" in listen else listen
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class GuardServer:
+    """The guard service. ``async with GuardServer(config, listen="127.0.0.1:0") as srv``."""
+
+    def __init__(
+        self,
+        config: PolicyConfig | None = None,
+        *,
+        listen: str = DEFAULT_LISTEN,
+        sink: Any = None,
+        tls: TlsFiles | None = None,
+        insecure_bind_any: bool = False,
+        environ: Mapping[str, str] | None = None,
+        guard_id: str | None = None,
+        drain_s: float = DEFAULT_DRAIN_S,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.config = config if config is not None else PolicyConfig.from_dict(None)
+        self.listen = listen
+        self.sink = sink if sink is not None else NullSink()
+        self.tls = tls
+        self.guard_id = guard_id or f"guard-{uuid.uuid4().hex[:12]}"
+        self.drain_s = float(drain_s)
+        self.max_message_bytes = int(max_message_bytes)
+        if self.config.auth is None and not insecure_bind_any and not is_loopback(listen):
+            raise ConfigError(
+                f"refusing to bind {listen!r} without an auth section: add `auth:` to the "
+                "policy file or pass --insecure-bind-any",
+                path="auth",
+            )
+        self.auth = Authenticator(self.config.auth, environ)
+        self.registry = Registry(self.config, self.sink, guard_id=self.guard_id)
+        self.policy_pb = policy_to_pb(self.config)
+        self.draining = False
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._sessions: set[AgentSession] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def address(self) -> str:
+        host = self.listen.rsplit(":", 1)[0] if ":" in self.listen else self.listen
+        return f"{host}:{self.port}"
+
+    # -- sessions (called by the control servicer) ----------------------------------------
+    def attach_session(self, session: AgentSession) -> None:
+        self._sessions.add(session)
+        if self.draining:
+            session.error = GuardUnavailable("guard is draining; reconnect to another guard")
+            session.close()
+
+    def detach_session(self, session: AgentSession) -> None:
+        self._sessions.discard(session)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> GuardServer:
+        options = [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((trace_service_handler(self),))
+        guard_pb2_grpc.add_GuardControlServicer_to_server(ControlServicer(self), server)
+        guard_pb2_grpc.add_GuardAdminServicer_to_server(AdminServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        names = (
+            OTLP_SERVICE,
+            guard_pb2.DESCRIPTOR.services_by_name["GuardControl"].full_name,
+            guard_pb2.DESCRIPTOR.services_by_name["GuardAdmin"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, server)
+        if self.tls is not None:
+            creds = _server_credentials(self.tls)
+            port = server.add_secure_port(self.listen, creds)
+        else:
+            port = server.add_insecure_port(self.listen)
+        if not port:
+            raise GuardUnavailable(f"could not bind {self.listen}")
+        self.port = port
+        await server.start()
+        self._server = server
+        self._stopped = asyncio.Event()
+        for name in ("", *names[:3]):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._sweeper = asyncio.ensure_future(self._sweep_forever())
+        log.info("otel-guard %s listening on %s", self.guard_id, self.address)
+        return self
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                self.registry.sweep()
+            except Exception:
+                log.exception("sweep failed")
+
+    async def stop(self, drain_s: float | None = None) -> None:
+        """Drain and stop, bounded by ``drain_s`` seconds (see the module docstring)."""
+        if self._server is None or self.draining:
+            if self._stopped is not None:
+                await self._stopped.wait()
+            return
+        budget = self.drain_s if drain_s is None else float(drain_s)
+        deadline = time.monotonic() + budget
+        self.draining = True
+        await self._health.enter_graceful_shutdown()
+        for session in list(self._sessions):
+            session.error = GuardUnavailable("guard is draining; reconnect to another guard")
+            session.close()
+        await self._server.stop(grace=budget / 2)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for session in list(self.registry.sessions):
+            session.expire(time.monotonic(), all_pending=True)
+        flush = getattr(self.sink, "flush", None)
+        left = max(0.1, deadline - time.monotonic())
+        if flush is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(flush, left), timeout=left)
+            except Exception:
+                log.warning("store flush did not finish within %.1fs", left)
+        assert self._stopped is not None
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        """Until :meth:`stop` has finished."""
+        if self._stopped is not None:
+            await self._stopped.wait()
+
+    async def __aenter__(self) -> GuardServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(drain_s=min(self.drain_s, 2.0))
+
+
+def _server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc}", path="tls") from None
+
+    ca = read(tls.client_ca) if tls.client_ca else None
+    return grpc.ssl_server_credentials(
+        [(read(tls.key), read(tls.cert))], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+class ServerThread:
+    """Run a :class:`GuardServer` on its own event loop in a background thread.
+
+    ``with ServerThread(config, sink=...) as srv: srv.port``; ``srv.call(fn)`` runs ``fn()``
+    on the server's loop (the registry is not thread-safe) and returns its result.
+    """
+
+    def __init__(self, config: PolicyConfig | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("listen", "127.0.0.1:0")
+        self._config = config
+        self._kwargs = kwargs
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="otel-guard-server", daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.server: GuardServer | None = None
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self.server = GuardServer(self._config, **self._kwargs)
+            self._loop.run_until_complete(self.server.start())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def call(self, fn: Any, timeout: float = 10.0) -> Any:
+        async def _call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(_call(), self._loop).result(timeout)
+
+    def stop(self, drain_s: float = 2.0) -> None:
+        if self.server is not None and self._thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(self.server.stop(drain_s), self._loop)
+            try:
+                fut.result(drain_s + 5)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(10)
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,117 @@
+"""``GuardControl.Attach``: the bidirectional stream to one agent process.
+
+The servicer only adapts: a reader task turns AgentMessages into registry calls, the handler
+coroutine writes whatever the registry queued for this session. A protocol violation (no
+Hello first, an empty run id, another tenant's run) ends the stream with a clear status; a
+dropped stream detaches the session's runs (``agent_grace_s`` before ``agent_lost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import grpc
+
+from guard.errors import GuardError, InvalidInput
+from guard.server._fanout import AgentSession
+from guard.server._status import abort_for
+from guard.v1 import guard_pb2 as pb
+from guard.v1 import guard_pb2_grpc
+from guard.wire import outcome_from_pb, policy_to_pb
+
+__all__ = ["ControlServicer"]
+
+
+class ControlServicer(guard_pb2_grpc.GuardControlServicer):
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def Attach(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        app = self.app
+        registry = app.registry
+        try:
+            principal = app.auth.principal(context.invocation_metadata())
+        except GuardError as exc:
+            await abort_for(context, exc)
+        session = AgentSession(uuid.uuid4().hex, principal.tenant, registry.log)
+        app.attach_session(session)
+
+        async def read() -> None:
+            try:
+                first = True
+                async for msg in request_iterator:
+                    body = msg.WhichOneof("body")
+                    if first:
+                        if body != "hello":
+                            raise InvalidInput(f"first message must be hello, got {body}")
+                        first = False
+                        # authorise before welcoming: a refused stream gets no policy
+                        principal.check_tenant(
+                            msg.hello.tenant or (principal.tenant or ""), "the stream"
+                        )
+                        session.send("welcome", self._welcome(session))
+                        registry.hello(session, msg.hello, principal)
+                    elif body == "run_started":
+                        registry.register(session, msg.run_started, principal)
+                    elif body == "ack":
+                        registry.ack(session, msg.ack)
+                    elif body == "heartbeat":
+                        registry.heartbeat(session, msg.heartbeat)
+                    elif body == "run_ended":
+                        registry.ended_by_agent(
+                            session, outcome_from_pb(msg.run_ended.outcome), principal
+                        )
+                    elif body == "hello":
+                        raise InvalidInput("hello sent twice on one stream")
+                    else:
+                        raise InvalidInput("empty AgentMessage")
+            except GuardError as exc:
+                session.error = exc
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                session.error = InvalidInput(f"bad message: {type(exc).__name__}: {exc}")
+            session.close()
+
+        reader = asyncio.ensure_future(read())
+        try:
+            queue = session.queue
+            while True:
+                item = await queue.get()
+                if AgentSession.is_close(item):
+                    break
+                await context.write(item)
+                # drain whatever else is ready without yielding per message
+                while not queue.empty():
+                    item = queue.get_nowait()
+                    if AgentSession.is_close(item):
+                        break
+                    await context.write(item)
+                else:
+                    continue
+                break
+            if session.error is not None:
+                await abort_for(context, session.error)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            registry.detach(session)
+            app.detach_session(session)
+
+    def _welcome(self, session: AgentSession) -> pb.Welcome:
+        cfg = self.app.config
+        return pb.Welcome(
+            guard_id=self.app.guard_id,
+            session_id=session.session_id,
+            heartbeat_interval_ms=int(cfg.guard.heartbeat_interval_ms),
+            agent_grace_s=round(cfg.guard.agent_grace_s),
+            policy=self.app.policy_pb,
+        )
+
+    @staticmethod
+    def policy(config: Any) -> pb.Policy:
+        return policy_to_pb(config)

@@ -1,0 +1,216 @@
+"""Turning policy decisions into commands: warn, wrap_up and cancel, per run and per tenant.
+
+Mixed into :class:`guard.server._registry.Registry`. The policy engine decides; this module
+only routes: soft levels go through ``SoftLevel`` (each pushed once), a stop becomes one
+cancel (a run is cancelled at most once per reason-holder), and every command yields a
+``DecisionRecord`` written when the agent acks it.
+
+Forecast warning (our call, documented in the README): after each step the guard fits the
+run's input tokens per step (B + (n-1)·D); when the fit says the token or cost budget runs
+out within :data:`FORECAST_HORIZON_STEPS` steps of the current one, the run gets one ``warn``
+with reason token_budget / cost_budget and the forecast numbers, early enough to summarise.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
+from guard.server._status import PermissionDenied
+from guard.store._records import DecisionRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._auth import Principal
+    from guard.server._state import RunState
+
+__all__ = ["FORECAST_HORIZON_STEPS", "Decisions"]
+
+FORECAST_HORIZON_STEPS = 2
+_TENANT_RESCAN_S = 0.5  # after a tenant cut, re-check its runs at most this often
+_METRIC_REASON = {
+    "tokens": Reason.TOKEN_BUDGET,
+    "max_tokens": Reason.TOKEN_BUDGET,
+    "cost_usd": Reason.COST_BUDGET,
+    "max_cost_usd": Reason.COST_BUDGET,
+    "steps": Reason.MAX_STEPS,
+    "tool_calls": Reason.MAX_TOOL_CALLS,
+    "elapsed_s": Reason.DEADLINE,
+    "seconds": Reason.DEADLINE,
+}
+
+
+def _reason_of(d: Decision) -> str:
+    if d.reason is not None:
+        return str(d.reason.value)
+    r = _METRIC_REASON.get(d.metric or "")
+    return r.value if r is not None else ""
+
+
+class Decisions:
+    """Decision routing (mixin; expects the Registry's attributes)."""
+
+    runs: dict[str, RunState]
+    by_tenant: dict[str, set[str]]
+    log: Any
+    tenants: Any
+    config: Any
+    _tenant_cut: dict[str, float]
+
+    def _record(self, run: RunState, action: str, reason: str, detail: str, util, metric, by):
+        return DecisionRecord(
+            decided_at=time.time(),
+            run_id=run.run_id,
+            tenant=run.tenant,
+            agent=run.agent,
+            action=action,
+            reason=reason,
+            detail=detail,
+            utilisation=util,
+            metric=metric,
+            decided_by=by,
+        )
+
+    def issue(self, run: RunState, action: str, reason: str, detail: str, util, metric) -> None:
+        """Push warn / wrap_up to the run's agent (recorded; dropped if unreachable)."""
+        record = self._record(run, action, reason, detail, util, metric, "guard")
+        if run.connected:
+            run.session.directive(
+                action,
+                run_id=run.run_id,
+                reason=reason,
+                detail=detail,
+                utilisation=util,
+                metric=metric,
+                record=record,
+            )
+        else:
+            self.log.write(record, None)
+
+    def stop_run(
+        self,
+        run: RunState,
+        reason: Reason,
+        detail: str,
+        util: float | None,
+        metric: str | None,
+        by: DecidedBy,
+    ) -> None:
+        """Cancel a run once. The agent answers with RunEnded (decided_by from the cancel)."""
+        if run.stop_reason is not None:
+            return
+        run.stop_reason = reason
+        run.stop_detail = detail
+        run.stop_by = by
+        record = self._record(run, "cancel", reason.value, detail, util, metric, by.value)
+        if run.connected:
+            run.session.directive(
+                "cancel",
+                run_id=run.run_id,
+                reason=reason.value,
+                detail=detail,
+                utilisation=util,
+                metric=metric,
+                record=record,
+            )
+            return
+        self.log.write(record, None)
+        if by is DecidedBy.OPERATOR:  # nobody to tell: the operator's word ends it now
+            self.end_run(run, Status.CANCELLED, Reason.OPERATOR_CANCEL, detail, by)
+
+    def act(self, run: RunState, d: Decision, verdict: Any = None) -> None:
+        """Route one decision of ``run``'s budget."""
+        if run.stop_reason is not None:
+            return
+        action = d.action
+        if action is Action.STOP:
+            self.stop_run(
+                run, d.reason or Reason.ERROR, d.message, d.utilisation, d.metric, DecidedBy.GUARD
+            )
+            return
+        if action is not Action.CONTINUE:
+            soft = run.soft.advance(d)
+            if soft is not None:
+                self.issue(run, soft.value, _reason_of(d), d.message, d.utilisation, d.metric)
+        elif verdict is not None and verdict.level is Action.WARN and not run.loop_warned:
+            # the decision order did not surface the loop warning: push it ourselves, once
+            run.loop_warned = True
+            reason = verdict.reason.value if verdict.reason is not None else "loop_detected"
+            self.issue(run, "warn", reason, verdict.detail, d.utilisation, d.metric)
+
+    def check_deadline(self, run: RunState) -> None:
+        """Heartbeat path: only the clock moved, so only time-based limits can fire."""
+        if run.stop_reason is None and run.budget.limits.deadline_s is not None:
+            self.act(run, run.budget.decide(phase=Phase.AFTER_TOOL_BATCH))
+
+    def forecast(self, run: RunState, step_index: int) -> None:
+        limits = run.budget.limits
+        if run.forecast_warned or (limits.max_tokens is None and limits.max_cost_usd is None):
+            return
+        price = self.config.prices.models.get(run.model) if run.model else None
+        per_token = price.input / 1e6 if price is not None else None
+        fc = run.forecaster.forecast(limits, run.budget.usage(), usd_per_input_token=per_token)
+        if fc.exhaust_step is None or fc.exhaust_step > step_index + FORECAST_HORIZON_STEPS:
+            return
+        run.forecast_warned = True
+        reason = _METRIC_REASON.get(fc.metric or "tokens", Reason.TOKEN_BUDGET)
+        detail = (
+            f"forecast: {fc.metric or 'tokens'} budget runs out at step {fc.exhaust_step} "
+            f"(now step {step_index}; input tokens/step ≈ {fc.base_tokens:.0f} + "
+            f"(n-1)·{fc.delta_tokens:.0f})"
+        )
+        util, metric = run.budget.utilisation()
+        self.issue(run, "warn", reason.value, detail, util, fc.metric or metric)
+
+    def tenant_cut(self, tenant: str, d: Decision) -> None:
+        """A tenant window is exhausted: cancel every live run of the tenant, everywhere."""
+        now = time.monotonic()
+        last = self._tenant_cut.get(tenant)
+        if last is not None and now - last < _TENANT_RESCAN_S:
+            return
+        self._tenant_cut[tenant] = now
+        for run_id in list(self.by_tenant.get(tenant, ())):
+            run = self.runs.get(run_id)
+            if run is not None and run.stop_reason is None:
+                self.stop_run(
+                    run, Reason.TENANT_BUDGET, d.message, d.utilisation, d.metric, DecidedBy.GUARD
+                )
+
+    # -- operator cancel -------------------------------------------------------------------
+    def cancel(self, target: str, value: Any, detail: str, principal: Principal) -> list[str]:
+        """GuardAdmin.Cancel. ``target`` is the Selector oneof name."""
+        detail = detail or "cancelled by operator"
+        if target == "run_id":
+            runs = [self.get(value)]
+            principal.check_tenant(runs[0].tenant)
+        elif target == "tenant":
+            principal.check_tenant(value, "runs")
+            runs = [self.runs[i] for i in self.by_tenant.get(value, ()) if i in self.runs]
+        elif target == "agent":
+            runs = [
+                r
+                for r in self.runs.values()
+                if r.agent == value and (principal.tenant is None or r.tenant == principal.tenant)
+            ]
+        elif target == "all":
+            if not principal.admin:
+                raise PermissionDenied("cancel --all needs the admin token")
+            runs = list(self.runs.values())
+        else:
+            from guard.errors import InvalidInput
+
+            raise InvalidInput("selector is empty: give run_id, tenant, agent or all")
+        ids = []
+        for run in runs:
+            ids.append(run.run_id)
+            if run.stop_by is not DecidedBy.OPERATOR:
+                run.stop_reason = None  # an operator cancel overrides a pending guard cancel
+                self.stop_run(run, Reason.OPERATOR_CANCEL, detail, None, None, DecidedBy.OPERATOR)
+        return ids
+
+    # provided by Registry
+    def end_run(self, run, status, reason, message, decided_by):  # pragma: no cover
+        raise NotImplementedError
+
+    def get(self, run_id: str) -> RunState:  # pragma: no cover
+        raise NotImplementedError

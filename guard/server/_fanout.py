@@ -1,0 +1,143 @@
+"""Decision fan-out: one :class:`AgentSession` per attached agent process.
+
+Every command the guard sends carries a ``command_id`` unique on its stream. Decisions (warn,
+wrap_up, cancel, deny) wait in ``pending`` until the agent acks them; the ack gives the
+delivery latency (ack received - command sent) and only then is the ``DecisionRecord``
+handed to the sink. Commands never acked (agent gone, stream closed) are written after
+:data:`ACK_TIMEOUT_S` with ``delivery_latency_ms=None``.
+
+Everything here runs on the server's event loop: ``put_nowait`` on an unbounded queue is the
+only hand-off, so the ingest path never awaits a slow agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from typing import Any
+
+from guard.store._records import DecisionRecord
+from guard.v1 import guard_pb2 as pb
+
+__all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog"]
+
+ACK_TIMEOUT_S = 10.0
+_CLOSE = object()  # queue sentinel: end the outgoing half of the stream
+_MAX_QUEUED = 50_000  # a stream this far behind is not reading: stop queueing to it
+
+
+class DecisionLog:
+    """Writes decision records to the sink, with the delivery latency when acked."""
+
+    def __init__(self, sink: Any, guard_id: str) -> None:
+        self.sink = sink
+        self.guard_id = guard_id
+        self.latencies_ms: deque[float] = deque(maxlen=4096)  # recent, for ListRuns/benchmarks
+        self.written = 0
+
+    def write(self, record: DecisionRecord, latency_ms: float | None) -> None:
+        record.delivery_latency_ms = latency_ms
+        record.guard_id = self.guard_id
+        if latency_ms is not None:
+            self.latencies_ms.append(latency_ms)
+        self.written += 1
+        with contextlib.suppress(Exception):
+            self.sink.write_decision(record)
+
+
+class AgentSession:
+    """One agent process attached over ``GuardControl.Attach``."""
+
+    def __init__(self, session_id: str, principal_tenant: str | None, log: DecisionLog) -> None:
+        self.session_id = session_id
+        self.principal_tenant = principal_tenant  # None = admin / no auth
+        self.process_id = ""
+        self.host = ""
+        self.pid = 0
+        self.tenant = ""
+        self.log = log
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.runs: set[str] = set()
+        self.closed = False
+        self.error: Exception | None = None  # why the stream must end, if it must
+        self._next_id = 0
+        # command_id -> (monotonic send time, record)
+        self.pending: dict[int, tuple[float, DecisionRecord]] = {}
+
+    def _envelope(self) -> pb.GuardMessage:
+        self._next_id += 1
+        return pb.GuardMessage(command_id=self._next_id, sent_at_unix=time.time())
+
+    def send(self, field: str, body: Any, record: DecisionRecord | None = None) -> int:
+        """Queue one GuardMessage with ``body`` in oneof ``field``; returns its command id."""
+        msg = self._envelope()
+        getattr(msg, field).CopyFrom(body)
+        if self.closed or self.queue.qsize() >= _MAX_QUEUED:
+            if record is not None:
+                record.command_id = msg.command_id
+                self.log.write(record, None)
+            return msg.command_id
+        if record is not None:
+            record.command_id = msg.command_id
+            self.pending[msg.command_id] = (time.monotonic(), record)
+        self.queue.put_nowait(msg)
+        return msg.command_id
+
+    def directive(
+        self,
+        field: str,
+        *,
+        run_id: str,
+        reason: str,
+        detail: str,
+        utilisation: float | None,
+        metric: str | None,
+        record: DecisionRecord | None,
+        request_id: int = 0,
+    ) -> int:
+        body = pb.Directive(
+            run_id=run_id,
+            request_id=request_id,
+            reason=reason,
+            detail=detail,
+            utilisation=utilisation or 0.0,
+            metric=metric or "",
+        )
+        return self.send(field, body, record)
+
+    def ack(self, command_id: int) -> float | None:
+        """Record an ack; returns the delivery latency in ms when it closed a decision."""
+        entry = self.pending.pop(command_id, None)
+        if entry is None:
+            return None
+        sent, record = entry
+        latency_ms = (time.monotonic() - sent) * 1000.0
+        self.log.write(record, latency_ms)
+        return latency_ms
+
+    def expire(self, now: float, *, all_pending: bool = False) -> int:
+        """Write decisions never acked within ACK_TIMEOUT_S (or all, on close)."""
+        if not self.pending:
+            return 0
+        late = [
+            cid
+            for cid, (sent, _) in self.pending.items()
+            if all_pending or now - sent > ACK_TIMEOUT_S
+        ]
+        for cid in late:
+            _, record = self.pending.pop(cid)
+            self.log.write(record, None)
+        return len(late)
+
+    def close(self) -> None:
+        """End the outgoing stream and flush pending decisions without latency."""
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(_CLOSE)
+        self.expire(time.monotonic(), all_pending=True)
+
+    @staticmethod
+    def is_close(item: Any) -> bool:
+        return item is _CLOSE

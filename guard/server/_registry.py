@@ -1,0 +1,465 @@
+"""The run registry: every live run, who owns it, and how runs start and end.
+
+Runs enter through ``GuardControl`` (RunStarted, or Hello.live_runs after a reconnect) or,
+for agents without a control stream, implicitly from their first span. They leave through
+RunEnded, the run span's end (span-only or detached runs), ``agent_lost`` after the grace
+period, or an operator cancel of a run whose agent cannot be reached. Every way out writes
+exactly one ``Outcome`` to the sink (``_ended`` de-duplicates by run id).
+
+The registry lives on the server's event loop; nothing here blocks or awaits. The span path
+(``_ingest.Ingest``) and the decision path (``_decisions.Decisions``) are mixed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from guard.errors import InvalidInput
+from guard.policy import (
+    DecidedBy,
+    Forecaster,
+    Limits,
+    LoopDetector,
+    Outcome,
+    PolicyConfig,
+    Reason,
+    SoftLevel,
+    Status,
+)
+from guard.server._auth import Principal
+from guard.server._decisions import Decisions
+from guard.server._fanout import AgentSession, DecisionLog
+from guard.server._ingest import Ingest
+from guard.server._state import RunState
+from guard.server._status import UnknownRun
+from guard.server._tenants import Tenants
+from guard.store._records import DecisionRecord
+from guard.v1 import guard_pb2 as pb
+from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
+
+__all__ = ["Registry"]
+
+_MAX_ID = 256
+_ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
+SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
+
+
+def _trace_bytes(hex_id: str) -> bytes:
+    if not hex_id:
+        return b""
+    try:
+        raw = bytes.fromhex(hex_id)
+    except ValueError:
+        raise InvalidInput(f"trace_id {hex_id[:40]!r} is not hex") from None
+    if len(raw) != 16:
+        raise InvalidInput(f"trace_id must be 32 hex characters (got {len(hex_id)})")
+    return raw
+
+
+class Registry(Ingest, Decisions):
+    """Per-run state for one guard process."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        sink: Any,
+        *,
+        guard_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.guard_id = guard_id
+        self.clock = clock
+        self.log = DecisionLog(sink, guard_id)
+        self.tenants = Tenants(config, clock=clock)
+        self.runs: dict[str, RunState] = {}
+        self.by_trace: dict[bytes, RunState] = {}
+        self.by_tenant: dict[str, set[str]] = {}
+        self.detached: dict[str, RunState] = {}
+        self.span_only: dict[str, RunState] = {}
+        self.sessions: set[AgentSession] = set()
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        self.max_runs = int(config.guard.max_tracked_runs)
+        self.grace_s = float(config.guard.agent_grace_s)
+        self.stats: dict[str, int] = {
+            "spans": 0,
+            "observations": 0,
+            "rejected_spans": 0,
+            "duplicate_model_calls": 0,
+            "foreign_model_calls": 0,
+            "late_spans": 0,
+            "denied": 0,
+            "agent_lost": 0,
+            "capacity_rejections": 0,
+        }
+        self._tenant_cut: dict[str, float] = {}
+
+    # -- admission ------------------------------------------------------------------------
+    def _check_id(self, run_id: str) -> None:
+        if not run_id:
+            raise InvalidInput("run_id is empty")
+        if len(run_id) > _MAX_ID:
+            raise InvalidInput(f"run_id has {len(run_id)} chars (max {_MAX_ID})")
+
+    def _deny(
+        self, session: AgentSession, rs: pb.RunStarted, tenant: str, reason: str, detail: str
+    ) -> None:
+        self.stats["denied"] += 1
+        record = DecisionRecord(
+            decided_at=time.time(),
+            run_id=rs.run_id,
+            tenant=tenant,
+            agent=rs.agent,
+            action="deny",
+            reason=reason,
+            detail=detail,
+        )
+        session.directive(
+            "deny",
+            run_id=rs.run_id,
+            request_id=rs.request_id,
+            reason=reason,
+            detail=detail,
+            utilisation=None,
+            metric=None,
+            record=record,
+        )
+
+    def register(
+        self,
+        session: AgentSession,
+        rs: pb.RunStarted,
+        principal: Principal,
+        *,
+        restoring: bool = False,
+    ) -> None:
+        """Handle RunStarted (or one Hello.live_runs entry): answer Admit or Deny."""
+        self._check_id(rs.run_id)
+        tenant = rs.tenant or session.tenant or (principal.tenant or "")
+        principal.check_tenant(tenant)
+        if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
+            raise InvalidInput("tenant/agent longer than 256 chars")
+        run = self.runs.get(rs.run_id)
+        if run is not None:
+            principal.check_tenant(run.tenant)
+            self._attach(run, session)
+            self._admit_msg(session, run, rs.request_id)
+            return
+        if rs.run_id in self.ended:
+            if restoring:  # ended while its agent was away (agent_lost): tell it so
+                session.directive(
+                    "cancel",
+                    run_id=rs.run_id,
+                    reason=Reason.AGENT_LOST.value,
+                    detail="run was ended by the guard while its agent was disconnected",
+                    utilisation=None,
+                    metric=None,
+                    record=None,
+                )
+            else:
+                self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
+            return
+        trace = _trace_bytes(rs.trace_id)
+        requested: Limits | None = (
+            limits_from_pb(rs.requested) if rs.HasField("requested") else None
+        )
+        restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
+        if len(self.runs) >= self.max_runs and not self._make_room():
+            self.stats["capacity_rejections"] += 1
+            self._deny(
+                session,
+                rs,
+                tenant,
+                Reason.ERROR.value,
+                f"guard at capacity: {len(self.runs)} tracked runs (max_tracked_runs="
+                f"{self.max_runs})",
+            )
+            return
+        verdict = self.tenants.admit(tenant)
+        if verdict.stop and not restoring:
+            self._deny(session, rs, tenant, Reason.TENANT_BUDGET.value, verdict.message)
+            return
+        effective = self.config.effective_limits(requested)
+        run = self._new_run(
+            rs.run_id,
+            tenant=tenant,
+            agent=rs.agent,
+            parent_run_id=rs.parent_run_id,
+            trace=trace,
+            started_at=rs.started_at_unix or time.time(),
+            limits=effective,
+            session=session,
+            admitted=not verdict.stop,
+        )
+        if restored is not None:
+            self._restore_usage(run, restored)
+        self._admit_msg(session, run, rs.request_id)
+        if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
+            self.stop_run(
+                run,
+                Reason.TENANT_BUDGET,
+                verdict.message,
+                verdict.utilisation,
+                verdict.metric,
+                DecidedBy.GUARD,
+            )
+
+    def _new_run(
+        self,
+        run_id: str,
+        *,
+        tenant: str,
+        agent: str,
+        parent_run_id: str,
+        trace: bytes,
+        started_at: float,
+        limits: Limits,
+        session: AgentSession | None,
+        admitted: bool,
+    ) -> RunState:
+        from guard.policy import Budget
+
+        parent = self.runs.get(parent_run_id) if parent_run_id else None
+        age = time.time() - started_at
+        kw: dict[str, Any] = {}
+        if age > 1.0:  # re-registered after a restart: keep the deadline clock honest
+            base = self.clock
+
+            def clock(base: Callable[[], float] = base, age: float = age) -> float:
+                return base() + age
+
+            kw["clock"] = clock
+        else:
+            kw["clock"] = self.clock
+        budget = Budget(limits, parent=parent.budget if parent else None, **kw)
+        now = self.clock()
+        run = RunState(
+            run_id,
+            tenant=tenant,
+            agent=agent,
+            parent_run_id=parent_run_id,
+            trace_id=trace,
+            started_at=started_at,
+            budget=budget,
+            loop=LoopDetector(limits.loop),
+            forecaster=Forecaster(),
+            soft=SoftLevel(),
+            session=session,
+            parent=parent,
+            admitted=admitted,
+            now=now,
+        )
+        self.runs[run_id] = run
+        self.by_tenant.setdefault(tenant, set()).add(run_id)
+        if trace and trace not in self.by_trace:
+            self.by_trace[trace] = run  # the outermost run of a trace owns foreign spans
+        if session is not None:
+            session.runs.add(run_id)
+        else:
+            self.span_only[run_id] = run
+        return run
+
+    def _restore_usage(self, run: RunState, u: Any) -> None:
+        b = run.budget
+        for _ in range(min(u.steps, 100_000)):
+            b.record_step()
+        if u.model_calls or u.input_tokens or u.output_tokens or u.cost_usd is not None:
+            b.record_model_call(
+                input_tokens=u.input_tokens,
+                output_tokens=u.output_tokens,
+                reasoning_tokens=u.reasoning_tokens,
+                cached_tokens=u.cached_tokens,
+                cost_usd=u.cost_usd,
+            )
+            for _ in range(min(max(0, u.model_calls - 1), 100_000)):
+                b.record_model_call()
+        if u.tool_calls:
+            b.record_tool_calls(u.tool_calls, attempts=max(u.tool_attempts, u.tool_calls))
+        self.tenants.record(run.tenant, u)
+
+    def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
+        body = pb.Admit(
+            run_id=run.run_id,
+            request_id=request_id,
+            effective=limits_to_pb(run.budget.limits),
+            price_book_version=self.config.prices.version or "",
+        )
+        session.send("admit", body)
+
+    def _attach(self, run: RunState, session: AgentSession) -> None:
+        if run.session is not None and run.session is not session:
+            run.session.runs.discard(run.run_id)
+        run.session = session
+        run.detached_at = None
+        run.touched_at = self.clock()
+        self.detached.pop(run.run_id, None)
+        self.span_only.pop(run.run_id, None)
+        session.runs.add(run.run_id)
+        if run.stop_reason is not None:  # a cancel it may have missed while away
+            session.directive(
+                "cancel",
+                run_id=run.run_id,
+                reason=run.stop_reason.value,
+                detail=run.stop_detail,
+                utilisation=None,
+                metric=None,
+                record=None,
+            )
+
+    def _make_room(self) -> bool:
+        """At the cap: forget the stalest span-only run (it has no agent to answer to)."""
+        if not self.span_only:
+            return False
+        stalest = min(self.span_only.values(), key=lambda r: r.touched_at)
+        self._forget(stalest)
+        return True
+
+    # -- sessions --------------------------------------------------------------------------
+    def hello(self, session: AgentSession, hello: pb.Hello, principal: Principal) -> None:
+        tenant = hello.tenant or (principal.tenant or "")
+        principal.check_tenant(tenant, "the stream")
+        session.tenant = tenant
+        session.process_id = hello.process_id[:_MAX_ID]
+        session.host = hello.host[:_MAX_ID]
+        session.pid = hello.pid
+        self.sessions.add(session)
+        for rs in hello.live_runs:
+            self.register(session, rs, principal, restoring=True)
+
+    def detach(self, session: AgentSession) -> None:
+        """The stream dropped: keep its runs for ``agent_grace_s``, then agent_lost."""
+        session.close()
+        self.sessions.discard(session)
+        now = self.clock()
+        for run_id in list(session.runs):
+            run = self.runs.get(run_id)
+            if run is not None and run.session is session:
+                run.detached_at = now
+                self.detached[run_id] = run
+        session.runs.clear()
+
+    def ack(self, session: AgentSession, ack: pb.Ack) -> None:
+        session.ack(ack.command_id)
+
+    def heartbeat(self, session: AgentSession, hb: pb.Heartbeat) -> None:
+        now = self.clock()
+        for rp in hb.runs:
+            run = self.runs.get(rp.run_id)
+            if run is None or run.session is not session:
+                continue
+            run.touched_at = now
+            if rp.paused != run.paused:
+                run.paused = rp.paused
+                (run.budget.pause if rp.paused else run.budget.resume)()
+            self.check_deadline(run)
+
+    # -- ending ----------------------------------------------------------------------------
+    def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
+        """RunEnded: the agent's outcome is the record (first one wins)."""
+        run = self.runs.get(outcome.run_id)
+        principal.check_tenant(run.tenant if run is not None else outcome.tenant)
+        if run is not None:
+            self._finish(run)
+        elif outcome.run_id in self.ended:
+            return
+        self._remember_ended(outcome.run_id)
+        self._write_run(outcome)
+
+    def end_run(
+        self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
+    ) -> Outcome:
+        """End a run on the guard's side and write its outcome."""
+        u = run.budget.usage()
+        limits = run.budget.limits
+        outcome = Outcome(
+            run_id=run.run_id,
+            status=status,
+            reason=reason,
+            message=message,
+            parent_run_id=run.parent_run_id or None,
+            tenant=run.tenant,
+            agent=run.agent,
+            trace_id=run.trace_id.hex(),
+            steps=u.steps,
+            model_calls=u.model_calls,
+            tool_calls=u.tool_calls,
+            tool_attempts=u.tool_attempts,
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            reasoning_tokens=u.reasoning_tokens,
+            cached_tokens=u.cached_tokens,
+            cost_usd=u.cost_usd,
+            elapsed_ms=int(run.budget.elapsed_s() * 1000),
+            deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
+            last_tool=run.last_tool,
+            last_action_hash=run.last_action_hash,
+            loop_hits=run.loop.hits,
+            decided_by=decided_by,
+            price_book_version=self.config.prices.version or "",
+            started_at=run.started_at,
+            ended_at=time.time(),
+        )
+        self._finish(run)
+        self._remember_ended(run.run_id)
+        self._write_run(outcome)
+        return outcome
+
+    def _write_run(self, outcome: Outcome) -> None:
+        with contextlib.suppress(Exception):
+            self.sink.write_run(outcome)
+
+    def _remember_ended(self, run_id: str) -> None:
+        self.ended[run_id] = None
+        if len(self.ended) > _ENDED_MEMORY:
+            self.ended.popitem(last=False)
+
+    def _finish(self, run: RunState) -> None:
+        self._forget(run)
+        if run.admitted:
+            self.tenants.run_ended(run.tenant)
+            run.admitted = False
+
+    def _forget(self, run: RunState) -> None:
+        rid = run.run_id
+        self.runs.pop(rid, None)
+        self.detached.pop(rid, None)
+        self.span_only.pop(rid, None)
+        ids = self.by_tenant.get(run.tenant)
+        if ids is not None:
+            ids.discard(rid)
+            if not ids:
+                del self.by_tenant[run.tenant]
+        if run.trace_id and self.by_trace.get(run.trace_id) is run:
+            del self.by_trace[run.trace_id]
+        if run.session is not None:
+            run.session.runs.discard(rid)
+
+    # -- housekeeping ----------------------------------------------------------------------
+    def sweep(self) -> None:
+        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions."""
+        now = self.clock()
+        for run in [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]:
+            self.stats["agent_lost"] += 1
+            self.end_run(
+                run,
+                Status.FAILED,
+                Reason.AGENT_LOST,
+                f"agent stream lost for {now - run.detached_at:.1f}s "
+                f"(agent_grace_s={self.grace_s:g})",
+                DecidedBy.GUARD,
+            )
+        for run in [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]:
+            self._finish(run)
+        for session in list(self.sessions):
+            session.expire(now)
+
+    def get(self, run_id: str) -> RunState:
+        run = self.runs.get(run_id)
+        if run is None:
+            raise UnknownRun(f"run {run_id[:64]!r} is not live on this guard")
+        return run

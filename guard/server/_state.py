@@ -1,0 +1,142 @@
+"""Per-run state held by the guard. Memory-compact: ``__slots__``, lazily allocated rings.
+
+One :class:`RunState` per live run. The policy objects (Budget, LoopDetector, Forecaster,
+SoftLevel) carry the arithmetic; this class only adds what the guard needs around them:
+ownership (which agent session), the trace it lives in, and a tiny ring of recently counted
+model calls so each call is counted once even when several instrumentations report it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RunState", "SeenCalls"]
+
+_SEEN_CAP = 8  # model calls remembered per run for de-duplication
+
+
+class SeenCalls:
+    """The last few counted model calls of a run, as plain ints and short strings.
+
+    A model span is the *same call* as a counted one when it has the same response id, when
+    it is the parent of a counted span (a wrapper reporting the aggregate), or when it is the
+    child of a counted span (a library span inside our ``chat`` span).
+    """
+
+    __slots__ = ("parents", "responses", "spans")
+
+    def __init__(self) -> None:
+        self.spans: list[bytes] = []
+        self.parents: list[bytes] = []
+        self.responses: list[str] = []
+
+    def duplicate(self, span_id: bytes, parent_span_id: bytes, response_id: str) -> bool:
+        if response_id and response_id in self.responses:
+            return True
+        if span_id and span_id in self.parents:
+            return True
+        return bool(parent_span_id) and parent_span_id in self.spans
+
+    def add(self, span_id: bytes, parent_span_id: bytes, response_id: str) -> None:
+        for ring, value in (
+            (self.spans, span_id),
+            (self.parents, parent_span_id),
+            (self.responses, response_id),
+        ):
+            if value:
+                ring.append(value)
+                if len(ring) > _SEEN_CAP:
+                    del ring[0]
+
+
+class RunState:
+    """Everything the guard tracks for one live run."""
+
+    __slots__ = (
+        "admitted",
+        "agent",
+        "budget",
+        "detached_at",
+        "forecast_warned",
+        "forecaster",
+        "last_action_hash",
+        "last_tool",
+        "loop",
+        "loop_warned",
+        "model",
+        "parent",
+        "parent_run_id",
+        "paused",
+        "run_id",
+        "seen",
+        "session",
+        "soft",
+        "started_at",
+        "step_input_tokens",
+        "step_tools",
+        "stop_by",
+        "stop_detail",
+        "stop_reason",
+        "tenant",
+        "touched_at",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        tenant: str,
+        agent: str,
+        parent_run_id: str,
+        trace_id: bytes,
+        started_at: float,
+        budget: Any,
+        loop: Any,
+        forecaster: Any,
+        soft: Any,
+        session: Any = None,
+        parent: RunState | None = None,
+        admitted: bool = True,
+        now: float = 0.0,
+    ) -> None:
+        self.run_id = run_id
+        self.tenant = tenant
+        self.agent = agent
+        self.parent_run_id = parent_run_id
+        self.parent = parent
+        self.trace_id = trace_id
+        self.started_at = started_at  # Unix seconds
+        self.budget = budget
+        self.loop = loop
+        self.forecaster = forecaster
+        self.soft = soft
+        self.session = session  # AgentSession or None (span-only or detached)
+        self.admitted = admitted  # counted in the tenant's concurrency
+        self.detached_at: float | None = None  # monotonic time the agent stream dropped
+        self.touched_at = now  # monotonic time of the last span or heartbeat
+        self.paused = False
+        self.seen: SeenCalls | None = None
+        self.step_input_tokens = 0
+        self.step_tools = 0
+        self.model = ""
+        self.last_tool: str | None = None
+        self.last_action_hash: str | None = None
+        self.stop_reason: Any = None  # Reason once the guard or an operator stopped it
+        self.stop_detail = ""
+        self.stop_by: Any = None  # DecidedBy
+        self.loop_warned = False
+        self.forecast_warned = False
+
+    @property
+    def connected(self) -> bool:
+        return self.session is not None and self.detached_at is None
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_reason is not None
+
+    def seen_calls(self) -> SeenCalls:
+        if self.seen is None:
+            self.seen = SeenCalls()
+        return self.seen

@@ -1,0 +1,93 @@
+"""Tenant budgets: one policy ``TenantBudget`` per tenant, built from the policy file.
+
+The rolling windows and the concurrency cap are the policy engine's; this module only keeps
+the map, caps how many tenants are tracked (tenant names come from the wire), and turns
+status into ``guard.v1.TenantBudget`` messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from guard.policy import CONTINUE, Decision, PolicyConfig, TenantBudget, Usage
+from guard.v1 import guard_pb2 as pb
+
+__all__ = ["Tenants"]
+
+MAX_TENANTS = 10_000
+
+
+class Tenants:
+    """All tenant budgets of one guard. Runs on the event loop (TenantBudget is not shared)."""
+
+    def __init__(self, config: PolicyConfig, *, clock: Callable[[], float] = time.monotonic):
+        self._config = config
+        self._clock = clock
+        self._budgets: dict[str, TenantBudget] = {}
+        # tenants whose limits track nothing per usage: skip the Usage allocation per span
+        self._passive: set[str] = set()
+
+    def _get(self, tenant: str) -> TenantBudget | None:
+        tb = self._budgets.get(tenant)
+        if tb is None:
+            if len(self._budgets) >= MAX_TENANTS:
+                return None
+            limits = self._config.tenant_limits(tenant)
+            tb = TenantBudget(tenant, limits)
+            self._budgets[tenant] = tb
+            if not any(r.metric != "runs" for r in limits.rolling):
+                self._passive.add(tenant)
+        return tb
+
+    def admit(self, tenant: str) -> Decision:
+        """Count a new run against the tenant, or say why not (STOP / tenant_budget)."""
+        tb = self._get(tenant)
+        if tb is None:
+            return CONTINUE
+        return tb.admit(self._clock())
+
+    def run_ended(self, tenant: str) -> None:
+        tb = self._budgets.get(tenant)
+        if tb is not None and tb.live_runs > 0:
+            tb.run_ended()
+
+    def record(self, tenant: str, delta: Usage) -> Decision:
+        """Add usage to the tenant's windows; STOP/tenant_budget once a window is reached."""
+        if tenant in self._passive:
+            return CONTINUE
+        tb = self._get(tenant)
+        if tb is None:
+            return CONTINUE
+        return tb.record(self._clock(), delta)
+
+    def wants_usage(self, tenant: str) -> bool:
+        """Whether usage deltas of this tenant feed any rolling window (cheap check)."""
+        if tenant in self._passive:
+            return False
+        tb = self._get(tenant)
+        return tb is not None and tenant not in self._passive
+
+    def exhausted(self, tenant: str) -> tuple[str, float, float] | None:
+        tb = self._budgets.get(tenant)
+        return None if tb is None else tb.exhausted(self._clock())
+
+    def known(self) -> list[str]:
+        names = set(self._budgets) | set(self._config.tenants)
+        return sorted(names)
+
+    def to_pb(self, tenant: str) -> pb.TenantBudget:
+        tb = self._get(tenant)
+        msg = pb.TenantBudget(tenant=tenant)
+        if tb is None:
+            return msg
+        now = self._clock()
+        limits: Any = self._config.tenant_limits(tenant)
+        msg.live_runs = max(0, int(tb.live_runs))
+        if limits.max_concurrent_runs is not None:
+            msg.max_concurrent_runs = int(limits.max_concurrent_runs)
+        for metric, window_s, used, limit in tb.status(now):
+            msg.windows.add(metric=metric, window_s=window_s, used=used, limit=limit)
+        msg.exhausted = tb.exhausted(now) is not None
+        return msg

@@ -1,0 +1,125 @@
+"""Outcome / DecisionRecord -> one row (a list in table column order), sanitised.
+
+Rows travel as one line of JSON text (``encode_row``): that line is the WAL record, the
+spool payload and, joined, the ``JSONCompactEachRow`` body of the insert, so ClickHouse
+parses it natively and the writer never re-encodes a row in Python. Timestamps are float
+Unix seconds with millisecond precision (JSON numbers into DateTime64(3) are read as
+seconds). Sanitising here matters: one negative counter would make ClickHouse
+reject a whole batch, so counters are clamped to >= 0 and non-finite floats become NULL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from guard.policy._types import Outcome
+from guard.store._records import DecisionRecord
+
+__all__ = ["decision_row", "encode_row", "run_row"]
+
+encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+_UINT32 = 2**32 - 1
+_UINT64 = 2**64 - 1
+
+
+def _u(value: Any, top: int = _UINT32) -> int:
+    if type(value) is int and 0 <= value <= top:  # the common case, kept cheap (hot path)
+        return value
+    try:
+        n = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return 0 if n < 0 else min(n, top)
+
+
+def _f(value: Any) -> float | None:
+    if type(value) is float and math.isfinite(value):
+        return value
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _ts(unix_s: Any) -> float:
+    x = _f(unix_s)
+    return 0.0 if x is None or x < 0 else round(x, 3)
+
+
+def _s(value: Any) -> str:
+    if type(value) is str:
+        return value
+    if value is None:
+        return ""
+    return str(getattr(value, "value", value))
+
+
+def _ns(value: Any) -> str | None:
+    return None if value is None or value == "" else _s(value)
+
+
+def run_row(o: Outcome, now: float | None = None) -> list[Any]:
+    """One ``runs`` row in ``RUN_COLUMNS`` order.
+
+    A missing ``ended_at`` (0) becomes the write time and a missing ``started_at`` is
+    derived from ``elapsed_ms``: a 1970 timestamp would fall outside the retention TTL and
+    ClickHouse would drop the row on insert.
+    """
+    ended = _ts(o.ended_at) or round(time.time() if now is None else now, 3)
+    started = _ts(o.started_at) or round(max(0.0, ended - _u(o.elapsed_ms, _UINT64) / 1000), 3)
+    return [
+        _s(o.run_id),
+        _ns(o.parent_run_id),
+        _s(o.tenant),
+        _s(o.agent),
+        _s(o.status),
+        _s(o.reason),
+        _s(o.message),
+        started,
+        ended,
+        _u(o.elapsed_ms, _UINT64),
+        None if o.deadline_ms is None else _u(o.deadline_ms, _UINT64),
+        _u(o.steps),
+        _u(o.model_calls),
+        _u(o.tool_calls),
+        _u(o.tool_attempts),
+        _u(o.input_tokens, _UINT64),
+        _u(o.output_tokens, _UINT64),
+        _u(o.reasoning_tokens, _UINT64),
+        _u(o.cached_tokens, _UINT64),
+        _f(o.cost_usd),
+        _ns(o.last_tool),
+        _ns(o.last_action_hash),
+        _u(o.loop_hits),
+        bool(o.partial_result),
+        bool(o.recoverable),
+        _s(o.price_book_version),
+        _s(o.decided_by),
+        _s(o.trace_id),
+    ]
+
+
+def decision_row(r: DecisionRecord) -> list[Any]:
+    """One ``decisions`` row in ``DECISION_COLUMNS`` order."""
+    return [
+        _ts(r.decided_at) or round(time.time(), 3),
+        _s(r.run_id),
+        _s(r.tenant),
+        _s(r.agent),
+        _s(r.action),
+        _s(r.reason),
+        _s(r.detail),
+        _f(r.utilisation),
+        _ns(r.metric),
+        _u(r.command_id, _UINT64),
+        _s(r.decided_by),
+        _f(r.delivery_latency_ms),
+        _s(r.guard_id),
+    ]

@@ -1,0 +1,288 @@
+"""``open_store`` and ``Store``: the RecordSink the guard writes to, and the report read path."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from guard.errors import ConfigError, StoreError
+from guard.policy._types import Outcome
+from guard.store._dsn import Dsn, connect, parse_dsn
+from guard.store._records import DecisionRecord
+from guard.store._reporting import Report, query_report
+from guard.store._rows import decision_row, encode_row, run_row
+from guard.store._schema import migrate
+from guard.store._wal import Spool, Wal
+from guard.store._writer import Writer
+
+__all__ = ["Store", "open_store"]
+
+log = logging.getLogger("guard.store")
+
+_COUNTERS = ("queued", "written", "spooled", "replayed", "dropped", "rejected", "deduplicated")
+
+
+def open_store(
+    dsn: str | None,
+    *,
+    data_dir: Path | str,
+    retention_days: int | None = 90,
+    batch_rows: int = 10_000,
+    flush_interval_s: float = 0.5,
+    max_queue: int = 200_000,
+) -> Store:
+    """Open (and migrate) the store. ``dsn`` None = embedded ``chdb://{data_dir}/clickhouse``.
+
+    ``data_dir`` also holds the writer's WAL and spool (for http DSNs too), and is locked
+    for this process: raises StoreError when another process holds it.
+    """
+    store = Store(
+        parse_dsn(dsn, data_dir=Path(data_dir)),
+        data_dir=Path(data_dir),
+        retention_days=retention_days,
+        batch_rows=batch_rows,
+        flush_interval_s=flush_interval_s,
+        max_queue=max_queue,
+    )
+    return store
+
+
+class Store:
+    """ClickHouse-backed RecordSink. ``write_run``/``write_decision`` never block or raise."""
+
+    def __init__(
+        self,
+        dsn: Dsn,
+        *,
+        data_dir: Path,
+        retention_days: int | None,
+        batch_rows: int,
+        flush_interval_s: float,
+        max_queue: int,
+    ) -> None:
+        self.dsn = dsn
+        self.database = dsn.database
+        self.data_dir = data_dir
+        base = data_dir / "store"
+        base.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_dir(base / "lock")
+        self._lock = threading.Lock()
+        self._q: deque = deque()
+        self._max_queue = max_queue
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._closed = False
+        self._seq = 0
+        self._read_client: Any = None
+        self._read_lock = threading.Lock()
+        try:
+            self._wal = Wal(base / "wal")
+            self._spool = Spool(base)
+            self._recover()
+            client = connect(dsn)
+            try:
+                migrate(client, self.database, retention_days=retention_days)
+            except Exception:
+                client.close()
+                raise
+        except Exception as ex:
+            self._release()
+            if isinstance(ex, StoreError | ConfigError):
+                raise
+            raise StoreError(f"cannot open store {dsn.redacted()}: {ex}") from ex
+        self._writer = Writer(
+            client_factory=lambda: connect(dsn),
+            database=self.database,
+            wal=self._wal,
+            spool=self._spool,
+            lock=self._lock,
+            queue=self._q,
+            counters=self._counters,
+            epoch=uuid.uuid4().hex[:12],
+            batch_rows=batch_rows,
+            flush_interval_s=flush_interval_s,
+        )
+        self._writer.client = client
+        self._writer.start()
+
+    def _recover(self) -> None:
+        # Move a previous process's uncommitted WAL records into the spool, in order; the
+        # writer replays them (with their original tokens where a batch had been formed).
+        pending, loose = self._wal.recover()
+        epoch = "rec" + uuid.uuid4().hex[:9]
+        n = 0
+        for kind, token, rows in pending:
+            self._spool.append(kind, token, rows)
+            n += len(rows)
+        for kind in ("r", "d"):
+            recs = [(s, row) for s, k, row in loose if k == kind]
+            for i in range(0, len(recs), 10_000):
+                chunk = recs[i : i + 10_000]
+                self._spool.append(
+                    kind, f"{epoch}-{kind}-{chunk[0][0]}-{chunk[-1][0]}", [r for _, r in chunk]
+                )
+                n += len(chunk)
+        self._wal.drop_old()
+        if n:
+            self._counters["spooled"] += n
+            log.warning("store: recovered %d records from the WAL of a previous process", n)
+
+    # -- RecordSink -----------------------------------------------------------------------
+
+    def write_run(self, outcome: Outcome) -> None:
+        """Queue one ``runs`` row. Durable (WAL) on return; never blocks on ClickHouse."""
+        try:
+            row = run_row(outcome)
+            self._accept("r", encode_row(row), row[0])
+        except Exception:  # the contract: never raise into the guard
+            log.exception("store: write_run failed for %r", getattr(outcome, "run_id", "?"))
+
+    def write_decision(self, record: DecisionRecord) -> None:
+        """Queue one ``decisions`` row. Same guarantees as :meth:`write_run`."""
+        try:
+            self._accept("d", encode_row(decision_row(record)), "")
+        except Exception:
+            log.exception("store: write_decision failed for %r", getattr(record, "run_id", "?"))
+
+    def _accept(self, kind: str, row: str, key: str) -> None:
+        with self._lock:
+            if self._closed:
+                self._counters["dropped"] += 1
+                log.error("store: DROPPED a %s record written after close()", kind)
+                return
+            self._seq += 1
+            seq = self._seq
+            wal_ok = True
+            try:
+                self._wal.append_record(seq, kind, row)
+            except OSError as ex:
+                wal_ok = False
+                log.error("store: WAL append failed (%s); record kept in memory only", ex)
+            if len(self._q) < self._max_queue:
+                self._q.append((seq, kind, row, key))
+            elif wal_ok:
+                self._writer.overflow = True  # the writer reads it back from the WAL
+            else:
+                self._counters["dropped"] += 1
+                log.error("store: DROPPED a %s record: queue full and WAL unwritable", kind)
+            self._writer.last_seq = seq
+            self._counters["queued"] += 1
+            self._writer.idle.clear()
+            full = len(self._q) >= self._writer.batch_rows
+        if full:
+            self._writer.wake.set()
+
+    # -- control --------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        """queued, written, spooled, replayed, dropped (+ rejected, deduplicated, pending)."""
+        with self._lock:
+            out = dict(self._counters)
+            out["pending"] = len(self._q)
+        return out
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything accepted so far is in ClickHouse. False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        self._writer.retry_now()
+        self._writer.idle.clear()
+        self._writer.wake.set()
+        while time.monotonic() < deadline:
+            if self._writer.idle.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                return True
+            if not self._writer.is_alive():
+                return False
+            self._writer.wake.set()
+        return False
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush, stop the writer and release the data dir. Idempotent."""
+        if self._closed:
+            return
+        ok = self.flush(timeout_s)
+        with self._lock:
+            self._closed = True
+        self._writer.stopping = True
+        self._writer.wake.set()
+        self._writer.join(max(0.1, timeout_s))
+        with self._lock:
+            # Everything committed -> the WAL is no longer needed; otherwise it stays and
+            # the next open recovers it.
+            self._wal.close(delete=ok and not self._writer.is_alive())
+        if not ok:
+            log.error("store: closed with records not yet in ClickHouse: %s", self.counters())
+        for client in (self._writer.client, self._read_client):
+            if client is not None and not self._writer.is_alive():
+                with contextlib.suppress(Exception):  # closing is best effort
+                    client.close()
+        self._spool.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- read path ------------------------------------------------------------------------
+
+    def report(
+        self,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        tenant: str | None = None,
+        agent: str | None = None,
+        bucket_s: int = 60,
+    ) -> Report:
+        """Stop-reason distribution and time series from ``stop_reasons_1m``."""
+        with self._read_lock:
+            if self._read_client is None:
+                self._read_client = connect(self.dsn)
+            return query_report(
+                self._read_client,
+                self.database,
+                since=since,
+                until=until,
+                tenant=tenant,
+                agent=agent,
+                bucket_s=bucket_s,
+            )
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
+        """Run a read query on the store's engine (tests, dashboards checks, the demo)."""
+        with self._read_lock:
+            if self._read_client is None:
+                self._read_client = connect(self.dsn)
+            return self._read_client.query(sql, parameters=parameters).result_rows
+
+
+def _lock_dir(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+        raise StoreError(
+            f"store data dir {path.parent.parent} is in use by process {holder}: the embedded "
+            "engine allows one process per data dir (ask that guard: otel-guard report "
+            "--endpoint HOST:PORT)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -1,0 +1,269 @@
+"""The writer's two files on disk: the write-ahead log and the spool (JSON lines).
+
+**WAL** (``wal/seg-NNNNNNNN.log``): every accepted record is appended with one ``os.write``
+*before* ``write_run`` returns, so it is in the kernel page cache and survives SIGKILL of the
+process. Lines::
+
+    {seq}\t{kind}\t{row JSON}       a record (kind "r" = runs, "d" = decisions)
+    {"b": [kind, lo, hi, token]}     batch marker: records lo..hi of kind go out with token
+    {"d": hi}                        every batch up to seq hi is committed (ClickHouse or spool)
+
+JSON escapes tabs and newlines inside strings, so neither appears raw in a row. The writer
+fsyncs the WAL once per batch (before inserting), so power loss can cost at most one flush
+interval of acknowledged records; a process crash costs nothing. Segments rotate at
+``segment_bytes`` and are deleted once fully committed. On open, leftovers of a previous
+process move to the spool: batches with a marker keep their token (a batch that did reach
+ClickHouse before the crash is then dropped by insert deduplication), unmarked records get
+new batches.
+
+**Spool** (``spool.log`` + ``spool.cursor``): one fsynced line ``{kind}\t{token}\t{rows}\t
+{row JSON, space-separated}`` per batch that could not be inserted. Replayed strictly in order
+with its original token; the cursor (byte offset) advances after each committed batch; the
+file is truncated when drained. Batches ClickHouse refuses as bad data go to
+``rejected.log`` in the same format.
+None of these classes lock: the store serialises WAL calls under its own lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Spool", "Wal"]
+
+log = logging.getLogger("guard.store")
+
+_DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+Record = tuple[int, str, str]  # (seq, kind, row JSON)
+
+
+class Wal:
+    """Append-only, segmented write-ahead log of accepted records."""
+
+    def __init__(self, directory: Path, *, segment_bytes: int = 8 << 20) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = segment_bytes
+        self._old = sorted(self.dir.glob("seg-*.log"))  # from a previous process
+        last = int(self._old[-1].stem[4:]) if self._old else 0
+        self._next_index = last + 1
+        self._closed: list[tuple[Path, int]] = []  # (segment, max seq in it)
+        self._fd = -1
+        self._path: Path | None = None
+        self._size = 0
+        self._max_seq = 0
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def recover(self) -> tuple[list[tuple[str, str, list[str]]], list[Record]]:
+        """Read a previous process's segments: (uncommitted batches, unbatched records)."""
+        records: dict[int, tuple[str, str]] = {}
+        batches: list[tuple[str, int, int, str]] = []
+        done = 0
+        for path in self._old:
+            for item in _read_lines(path):
+                if isinstance(item, tuple):
+                    records[item[0]] = (item[1], item[2])
+                elif "b" in item:
+                    batches.append(tuple(item["b"]))  # type: ignore[arg-type]
+                elif "d" in item:
+                    done = max(done, item["d"])
+        pending: list[tuple[str, str, list[str]]] = []
+        covered = set()
+        for kind, lo, hi, token in batches:
+            if hi <= done:
+                continue
+            seqs = [s for s in range(lo, hi + 1) if s in records and records[s][0] == kind]
+            covered.update(seqs)
+            if seqs:
+                pending.append((kind, token, [records[s][1] for s in seqs]))
+        loose = [
+            (s, k, row) for s, (k, row) in sorted(records.items()) if s > done and s not in covered
+        ]
+        return pending, loose
+
+    def drop_old(self) -> None:
+        """Delete the previous process's segments (after their content reached the spool)."""
+        for path in self._old:
+            path.unlink(missing_ok=True)
+        self._old = []
+
+    # -- appending ------------------------------------------------------------------------
+
+    def append_record(self, seq: int, kind: str, row: str) -> None:
+        self._write(f"{seq}\t{kind}\t{row}\n".encode())
+        self._max_seq = seq
+
+    def mark_batch(self, kind: str, lo: int, hi: int, token: str) -> None:
+        self._write((_DUMPS({"b": [kind, lo, hi, token]}) + "\n").encode())
+
+    def mark_done(self, hi: int) -> None:
+        self._write((_DUMPS({"d": hi}) + "\n").encode())
+
+    def _write(self, data: bytes) -> None:
+        if self._fd < 0 or self._size >= self.segment_bytes:
+            self._rotate()
+        # One write() per line: the kernel has the whole line before we return, so a killed
+        # process never leaves a record half-acknowledged.
+        n = os.write(self._fd, data)
+        if n != len(data):  # short write: disk full; the torn line is skipped on recovery
+            raise OSError(28, f"short WAL write ({n} of {len(data)} bytes)")
+        self._size += n
+
+    def _rotate(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            assert self._path is not None
+            self._closed.append((self._path, self._max_seq))
+        self._path = self.dir / f"seg-{self._next_index:08d}.log"
+        self._next_index += 1
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._size = 0
+
+    def fsync(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+
+    def retire(self, done_hi: int) -> None:
+        """Delete closed segments whose records are all committed."""
+        keep = []
+        for path, max_seq in self._closed:
+            if max_seq <= done_hi:
+                path.unlink(missing_ok=True)
+            else:
+                keep.append((path, max_seq))
+        self._closed = keep
+
+    def read_range(self, lo: int, hi: int) -> list[Record]:
+        """Records lo..hi of this process (the overflow path: they never made it to memory)."""
+        paths = [p for p, _ in self._closed] + ([self._path] if self._path else [])
+        out = {}
+        for path in paths:
+            for item in _read_lines(path):
+                if isinstance(item, tuple) and lo <= item[0] <= hi:
+                    out[item[0]] = item
+        return [out[s] for s in sorted(out)]
+
+    def close(self, *, delete: bool) -> None:
+        """Close the current segment; ``delete`` when every record is committed."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            assert self._path is not None
+            self._closed.append((self._path, self._max_seq))
+        if delete:
+            for path, _ in self._closed:
+                path.unlink(missing_ok=True)
+            self._closed = []
+
+
+class Spool:
+    """Append-only file of batches waiting for ClickHouse, replayed in order."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "spool.log"
+        self.cursor_path = directory / "spool.cursor"
+        self.rejected_path = directory / "rejected.log"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self._cursor = int(self.cursor_path.read_text() or 0)
+        except (OSError, ValueError):
+            self._cursor = 0
+        self._size = os.fstat(self._fd).st_size
+        if self._cursor > self._size:  # crashed between truncate and cursor reset
+            self._cursor = 0
+
+    @property
+    def pending(self) -> bool:
+        return self._cursor < self._size
+
+    def append(self, kind: str, token: str, rows: list[str]) -> None:
+        data = _spool_line(kind, token, len(rows), " ".join(rows))
+        n = os.write(self._fd, data)
+        if n != len(data):
+            # Cut the torn tail so the next append starts on a line boundary.
+            os.ftruncate(self._fd, self._size)
+            raise OSError(28, f"short spool write ({n} of {len(data)} bytes)")
+        os.fsync(self._fd)
+        self._size += n
+
+    def peek(self, max_batches: int = 8) -> Iterator[tuple[int, str, str, int, str]]:
+        """Yield (end offset, kind, token, row count, rows blob) from the cursor on."""
+        with open(self.path, "rb") as f:
+            f.seek(self._cursor)
+            offset = self._cursor
+            for _ in range(max_batches):
+                line = f.readline()
+                if not line:
+                    return
+                offset += len(line)
+                try:
+                    kind, token, n, blob = line.decode().rstrip("\n").split("\t", 3)
+                    item = (offset, kind, token, int(n), blob)
+                except ValueError:
+                    item = None
+                if item is not None and line.endswith(b"\n"):
+                    yield item
+                else:
+                    log.error(
+                        "store spool: skipping an unreadable line at byte %d", offset - len(line)
+                    )
+                    self.advance(offset)
+
+    def advance(self, offset: int) -> None:
+        self._cursor = offset
+        if self._cursor >= self._size:
+            os.ftruncate(self._fd, 0)
+            self._size = self._cursor = 0
+        _atomic_write(self.cursor_path, str(self._cursor))
+
+    def reject(self, kind: str, token: str, n: int, blob: str) -> None:
+        """Keep a batch ClickHouse refuses as data (not an outage) for an operator."""
+        with open(self.rejected_path, "ab") as f:
+            f.write(_spool_line(kind, token, n, blob))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _spool_line(kind: str, token: str, n: int, blob: str) -> bytes:
+    return f"{kind}\t{token}\t{n}\t{blob}\n".encode()
+
+
+def _read_lines(path: Path) -> Iterator[Record | dict[str, Any]]:
+    """WAL lines: records as (seq, kind, row JSON) tuples, markers as dicts."""
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    if not raw.endswith(b"\n"):
+                        raise ValueError("torn")
+                    line = raw.decode().rstrip("\n")
+                    if line.startswith("{"):
+                        yield json.loads(line)
+                    else:
+                        seq, kind, row = line.split("\t", 2)
+                        yield int(seq), kind, row
+                except ValueError:  # a torn last line after power loss
+                    log.warning("store WAL %s: skipping an unreadable line", path.name)
+    except FileNotFoundError:
+        return
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,291 @@
+"""Conversions between the wire contract (``guard.v1``) and the policy value types.
+
+Shared by the SDK and the server, so both sides agree field by field. Only ``guard.v1`` and
+``guard.policy`` are imported here. Conventions (proto header): an unset ``optional`` field is
+``None`` ("unknown or disabled"), never zero; empty strings on the wire are ``None`` in Python
+for optional text fields (``parent_run_id``, ``last_tool``, ``last_action_hash``).
+
+Functions raise :class:`guard.errors.InvalidInput` on values that cannot be represented
+(unknown status or reason strings, negative or non-finite counters).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from guard.errors import InvalidInput
+from guard.policy._types import (
+    DEFAULT_SOFT_THRESHOLDS,
+    DecidedBy,
+    Limits,
+    LoopSettings,
+    Outcome,
+    Reason,
+    Status,
+    Usage,
+)
+from guard.v1 import guard_pb2 as pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy import PolicyConfig, PriceBook
+
+__all__ = [
+    "limits_from_pb",
+    "limits_to_pb",
+    "outcome_from_pb",
+    "outcome_to_pb",
+    "policy_from_pb",
+    "policy_to_pb",
+    "price_book_from_pb",
+    "price_book_to_pb",
+    "usage_from_pb",
+    "usage_to_pb",
+]
+
+_INT_LIMITS = ("max_steps", "max_tool_calls", "max_model_calls", "max_tokens", "reserve_tokens")
+_FLOAT_LIMITS = ("max_cost_usd", "deadline_s", "reserve_s")
+_USAGE_INTS = (
+    "steps",
+    "model_calls",
+    "tool_calls",
+    "tool_attempts",
+    "input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+)
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise InvalidInput(f"{name} must be finite (got {value!r})")
+    return float(value)
+
+
+# --------------------------------------------------------------------------------- limits
+
+
+def limits_to_pb(limits: Limits | None) -> pb.Limits:
+    """Policy :class:`Limits` -> ``guard.v1.Limits`` (``None`` fields stay unset)."""
+    msg = pb.Limits()
+    if limits is None:
+        return msg
+    for name in _INT_LIMITS:
+        value = getattr(limits, name)
+        if value is not None:
+            setattr(msg, name, int(value))
+    for name in _FLOAT_LIMITS:
+        value = getattr(limits, name)
+        if value is not None:
+            setattr(msg, name, float(value))
+    msg.soft_thresholds.extend(float(x) for x in limits.soft_thresholds)
+    loop = limits.loop
+    msg.loop.window = loop.window
+    msg.loop.repeat_threshold = loop.repeat_threshold
+    msg.loop.no_progress_steps = loop.no_progress_steps
+    msg.pause_freezes_deadline = bool(limits.pause_freezes_deadline)
+    return msg
+
+
+def limits_from_pb(msg: pb.Limits | None) -> Limits:
+    """``guard.v1.Limits`` -> policy :class:`Limits`. Unset fields are ``None`` (no limit).
+
+    Fields the wire does not carry (``timeout_margin_s``, ``loop.ignore_fields``) keep their
+    defaults; an absent ``soft_thresholds`` list means the default thresholds.
+    """
+    if msg is None:
+        return Limits()
+    kw: dict[str, Any] = {}
+    for name in _INT_LIMITS:
+        if msg.HasField(name):
+            value = int(getattr(msg, name))
+            if value < 0:
+                raise InvalidInput(f"limits.{name} must be >= 0 (got {value})")
+            kw[name] = value
+    for name in _FLOAT_LIMITS:
+        if msg.HasField(name):
+            value = _finite(f"limits.{name}", getattr(msg, name))
+            if value < 0:
+                raise InvalidInput(f"limits.{name} must be >= 0 (got {value})")
+            kw[name] = value
+    thresholds = tuple(_finite("limits.soft_thresholds", x) for x in msg.soft_thresholds)
+    kw["soft_thresholds"] = thresholds or DEFAULT_SOFT_THRESHOLDS
+    if msg.HasField("loop"):
+        default = LoopSettings()
+        # A zero in a uint32 loop field means "not sent": keep the default rather than a
+        # detector that fires on every call.
+        kw["loop"] = LoopSettings(
+            window=msg.loop.window or default.window,
+            repeat_threshold=msg.loop.repeat_threshold or default.repeat_threshold,
+            no_progress_steps=msg.loop.no_progress_steps or default.no_progress_steps,
+        )
+    if msg.HasField("pause_freezes_deadline"):
+        kw["pause_freezes_deadline"] = bool(msg.pause_freezes_deadline)
+    return Limits(**kw)
+
+
+# ---------------------------------------------------------------------------------- usage
+
+
+def usage_to_pb(usage: Usage | None) -> pb.Usage:
+    """Policy :class:`Usage` -> ``guard.v1.Usage`` (``cost_usd`` unset while unpriced)."""
+    msg = pb.Usage()
+    if usage is None:
+        return msg
+    for name in _USAGE_INTS:
+        setattr(msg, name, max(0, int(getattr(usage, name))))
+    if usage.cost_usd is not None and math.isfinite(usage.cost_usd):
+        msg.cost_usd = float(usage.cost_usd)
+    return msg
+
+
+def usage_from_pb(msg: pb.Usage | None) -> Usage:
+    """``guard.v1.Usage`` -> policy :class:`Usage`. Rejects NaN, infinite or negative cost."""
+    if msg is None:
+        return Usage()
+    usage = Usage(**{name: int(getattr(msg, name)) for name in _USAGE_INTS})
+    if msg.HasField("cost_usd"):
+        cost = _finite("usage.cost_usd", msg.cost_usd)
+        if cost < 0:
+            raise InvalidInput(f"usage.cost_usd must be >= 0 (got {cost})")
+        usage.cost_usd = cost
+    return usage
+
+
+# -------------------------------------------------------------------------------- outcome
+
+
+def outcome_to_pb(outcome: Outcome) -> pb.Outcome:
+    """Policy :class:`Outcome` -> ``guard.v1.Outcome``."""
+    msg = pb.Outcome(
+        run_id=outcome.run_id,
+        parent_run_id=outcome.parent_run_id or "",
+        tenant=outcome.tenant or "",
+        agent=outcome.agent or "",
+        status=str(Status(outcome.status).value),
+        reason=str(Reason(outcome.reason).value),
+        message=outcome.message or "",
+        usage=usage_to_pb(outcome.usage),
+        elapsed_ms=max(0, int(outcome.elapsed_ms)),
+        last_tool=outcome.last_tool or "",
+        last_action_hash=outcome.last_action_hash or "",
+        loop_hits=max(0, int(outcome.loop_hits)),
+        partial_result=bool(outcome.partial_result),
+        recoverable=bool(outcome.recoverable),
+        decided_by=str(DecidedBy(outcome.decided_by).value),
+        price_book_version=outcome.price_book_version or "",
+        started_at_unix=float(outcome.started_at),
+        ended_at_unix=float(outcome.ended_at),
+        trace_id=outcome.trace_id or "",
+    )
+    if outcome.deadline_ms is not None:
+        msg.deadline_ms = max(0, int(outcome.deadline_ms))
+    return msg
+
+
+def _enum(kind: type, field: str, value: str, default: Any = None) -> Any:
+    if not value and default is not None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise InvalidInput(f"outcome.{field} {value!r} is not one of: {allowed}") from None
+
+
+def outcome_from_pb(msg: pb.Outcome) -> Outcome:
+    """``guard.v1.Outcome`` -> policy :class:`Outcome`.
+
+    Raises :class:`InvalidInput` for a missing run_id or an unknown status/reason.
+    """
+    if not msg.run_id:
+        raise InvalidInput("outcome.run_id is empty")
+    usage = usage_from_pb(msg.usage)
+    started = _finite("outcome.started_at_unix", msg.started_at_unix)
+    ended = _finite("outcome.ended_at_unix", msg.ended_at_unix)
+    return Outcome(
+        run_id=msg.run_id,
+        status=_enum(Status, "status", msg.status),
+        reason=_enum(Reason, "reason", msg.reason),
+        message=msg.message,
+        parent_run_id=msg.parent_run_id or None,
+        tenant=msg.tenant,
+        agent=msg.agent,
+        trace_id=msg.trace_id,
+        steps=usage.steps,
+        model_calls=usage.model_calls,
+        tool_calls=usage.tool_calls,
+        tool_attempts=usage.tool_attempts,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        cached_tokens=usage.cached_tokens,
+        cost_usd=usage.cost_usd,
+        elapsed_ms=int(msg.elapsed_ms),
+        deadline_ms=int(msg.deadline_ms) if msg.HasField("deadline_ms") else None,
+        last_tool=msg.last_tool or None,
+        last_action_hash=msg.last_action_hash or None,
+        loop_hits=int(msg.loop_hits),
+        partial_result=msg.partial_result,
+        recoverable=msg.recoverable,
+        decided_by=_enum(DecidedBy, "decided_by", msg.decided_by, DecidedBy.SDK),
+        price_book_version=msg.price_book_version,
+        started_at=started,
+        ended_at=ended,
+    )
+
+
+# ------------------------------------------------------------------------ price book, policy
+
+
+def price_book_to_pb(book: PriceBook) -> pb.PriceBook:
+    """Policy ``PriceBook`` -> ``guard.v1.PriceBook`` (USD per 1M tokens)."""
+    msg = pb.PriceBook(version=book.version or "")
+    for model, price in book.models.items():
+        entry = msg.models[model]
+        entry.input = float(price.input)
+        entry.output = float(price.output)
+        cached = getattr(price, "cached_input", None)
+        if cached is not None:
+            entry.cached_input = float(cached)
+    return msg
+
+
+def price_book_from_pb(msg: pb.PriceBook | None) -> PriceBook:
+    """``guard.v1.PriceBook`` -> policy ``PriceBook``. Rejects negative or non-finite prices."""
+    from guard.policy import ModelPrice, PriceBook
+
+    if msg is None:
+        msg = pb.PriceBook()
+    models = {}
+    for model, entry in msg.models.items():
+        inp = _finite(f"prices.models.{model}.input", entry.input)
+        out = _finite(f"prices.models.{model}.output", entry.output)
+        cached = (
+            _finite(f"prices.models.{model}.cached_input", entry.cached_input)
+            if entry.HasField("cached_input")
+            else None
+        )
+        if inp < 0 or out < 0 or (cached is not None and cached < 0):
+            raise InvalidInput(f"prices.models.{model}: prices must be >= 0")
+        models[model] = ModelPrice(input=inp, output=out, cached_input=cached)
+    return PriceBook(version=msg.version, models=models)
+
+
+def policy_to_pb(config: PolicyConfig, *, version: str | None = None) -> pb.Policy:
+    """Policy file -> ``guard.v1.Policy`` (run defaults and price book).
+
+    ``version`` defaults to the price book version; the server may pass a config digest.
+    """
+    return pb.Policy(
+        version=version if version is not None else (config.prices.version or ""),
+        run_defaults=limits_to_pb(config.runs),
+        prices=price_book_to_pb(config.prices),
+    )
+
+
+def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
+    """``guard.v1.Policy`` -> ``(version, run_defaults, price_book)`` for the SDK."""
+    defaults = limits_from_pb(msg.run_defaults) if msg.HasField("run_defaults") else Limits()
+    return msg.version, defaults, price_book_from_pb(msg.prices)

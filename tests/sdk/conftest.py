@@ -1,0 +1,25 @@
+"""Fixtures for the SDK tests: a clean environment and an in-memory span sink per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from guard.sdk._config import ENV, reset
+from guard.testing import SpanSink, capture_spans
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    reset()
+    yield
+    reset()
+
+
+@pytest.fixture
+def sink() -> Iterator[SpanSink]:
+    with capture_spans(hmac_key=b"test-key-0123456789") as s:
+        yield s
