@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy._decide import decide as _decide
 from guard.policy._decide import utilisation as _utilisation
+from guard.policy._reservation import Reservation
+from guard.policy._reservation import check_count as _count
+from guard.policy._reservation import check_money as _money
 from guard.policy._types import Decision, Limits, Phase, Reason, Usage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,76 +44,6 @@ class Remaining:
     model_calls: int | None = None
 
 
-def _count(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise InvalidInput(f"{name} must be an int >= 0, got {v!r}")
-    return v
-
-
-def _money(name: str, v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise InvalidInput(f"{name} must be a finite number >= 0, got {v!r}")
-    return float(v)
-
-
-class Reservation:
-    """An estimate held against a budget (and its ancestors) until settled or released.
-
-    Use as a context manager: leaving the block releases the estimate unless ``settle`` ran.
-    """
-
-    __slots__ = ("_budget", "cost_usd", "done", "expires_at", "tokens", "tool_calls")
-
-    def __init__(
-        self,
-        budget: Budget,
-        tokens: int,
-        cost_usd: float,
-        tool_calls: int,
-        expires_at: float | None,
-    ) -> None:
-        self._budget = budget
-        self.tokens = tokens
-        self.cost_usd = cost_usd
-        self.tool_calls = tool_calls
-        self.expires_at = expires_at
-        self.done = False
-
-    def settle(
-        self,
-        *,
-        tokens: int | None = None,
-        cost_usd: float | None = None,
-        tool_calls: int | None = None,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
-    ) -> None:
-        """Free the estimate and record the actual amounts given (``None`` = record nothing).
-
-        ``tokens`` is recorded as input tokens; pass ``input_tokens``/``output_tokens`` to
-        split. Callers that already recorded the usage (``record_model_call``) call
-        ``settle()`` with no arguments. Settling twice, or after a release, is a no-op.
-        """
-        usage = Usage(
-            input_tokens=_count("input_tokens", (tokens or 0) + (input_tokens or 0)),
-            output_tokens=_count("output_tokens", output_tokens or 0),
-            tool_calls=_count("tool_calls", tool_calls or 0),
-            tool_attempts=tool_calls or 0,
-            cost_usd=None if cost_usd is None else _money("cost_usd", cost_usd),
-        )
-        self._budget._finish(self, usage)
-
-    def release(self) -> None:
-        """Free the estimate without recording anything (idempotent)."""
-        self._budget._finish(self, None)
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
 class Budget:
     """Thread-safe per-run budget (one lock shared by the whole parent chain).
 
@@ -118,6 +51,20 @@ class Budget:
     run that started this nested run) sees every usage recorded here, and reservations are
     checked against it too.
     """
+
+    # Slots: the guard keeps one Budget per live run (memory goal <= 4 KB per run in total).
+    __slots__ = (
+        "_clock",
+        "_limits",
+        "_lock",
+        "_parent",
+        "_paused_at",
+        "_paused_total",
+        "_reservations",
+        "_reserved",
+        "_started",
+        "_usage",
+    )
 
     def __init__(
         self,
@@ -168,13 +115,12 @@ class Budget:
             b = b._parent
         return out
 
-    def _add(self, delta: Usage) -> None:
-        with self._lock:
-            for b in self._chain():
-                b._usage.add(delta)
-
     def record_step(self) -> None:
-        self._add(Usage(steps=1))
+        with self._lock:
+            b: Budget | None = self
+            while b is not None:
+                b._usage.steps += 1
+                b = b._parent
 
     def record_model_call(
         self,
@@ -186,15 +132,25 @@ class Budget:
         cost_usd: float | None = None,
     ) -> None:
         """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning."""
-        delta = Usage(
-            model_calls=1,
-            input_tokens=_count("input_tokens", input_tokens),
-            output_tokens=_count("output_tokens", output_tokens),
-            reasoning_tokens=_count("reasoning_tokens", reasoning_tokens),
-            cached_tokens=_count("cached_tokens", cached_tokens),
-            cost_usd=None if cost_usd is None else _money("cost_usd", cost_usd),
-        )
-        self._add(delta)
+        _count("input_tokens", input_tokens)
+        _count("output_tokens", output_tokens)
+        _count("reasoning_tokens", reasoning_tokens)
+        _count("cached_tokens", cached_tokens)
+        cost = None if cost_usd is None else _money("cost_usd", cost_usd)
+        # Validated first, then applied to the whole chain under the one lock (hot path: plain
+        # field increments, no temporary Usage objects).
+        with self._lock:
+            b: Budget | None = self
+            while b is not None:
+                u = b._usage
+                u.model_calls += 1
+                u.input_tokens += input_tokens
+                u.output_tokens += output_tokens
+                u.reasoning_tokens += reasoning_tokens
+                u.cached_tokens += cached_tokens
+                if cost is not None:
+                    u.cost_usd = (u.cost_usd or 0.0) + cost
+                b = b._parent
 
     def record_tool_calls(
         self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None
@@ -203,7 +159,15 @@ class Budget:
         n = _count("tool_calls", n)
         attempts = n if attempts is None else _count("attempts", attempts)
         cost = None if cost_usd is None else _money("cost_usd", cost_usd)
-        self._add(Usage(tool_calls=n, tool_attempts=attempts, cost_usd=cost))
+        with self._lock:
+            b: Budget | None = self
+            while b is not None:
+                u = b._usage
+                u.tool_calls += n
+                u.tool_attempts += attempts
+                if cost is not None:
+                    u.cost_usd = (u.cost_usd or 0.0) + cost
+                b = b._parent
 
     # -- reservations ---------------------------------------------------------------------
     def reserve(
@@ -237,7 +201,9 @@ class Budget:
             delta = Usage(input_tokens=tokens, tool_calls=tool_calls, cost_usd=cost)
             for b in chain:
                 b._reserved.add(delta)
-            self._reservations.append(res)
+                # Every budget of the chain lists it, so a parent's release_expired() also
+                # sweeps what an abandoned nested run left behind.
+                b._reservations.append(res)
             return res
 
     def _check_locked(self, tokens: int, cost: float, tool_calls: int) -> None:
@@ -277,9 +243,8 @@ class Budget:
             b._reserved.add(neg)
             if b._reserved.cost_usd is not None and abs(b._reserved.cost_usd) < 1e-12:
                 b._reserved.cost_usd = 0.0
-        # Already gone when release_expired dropped it before the owner settled it.
-        with contextlib.suppress(ValueError):
-            self._reservations.remove(res)
+            with contextlib.suppress(ValueError):
+                b._reservations.remove(res)
 
     def _release_expired_locked(self, now: float) -> int:
         expired = [
@@ -287,17 +252,18 @@ class Budget:
         ]
         for r in expired:
             r.done = True
-            self._drop_locked(r)
+            r.owner._drop_locked(r)
         return len(expired)
 
     def release_expired(self) -> int:
-        """Drop reservations past their ttl (never settled); returns how many."""
+        """Drop reservations past their ttl (never settled), nested runs' included; returns
+        how many."""
         with self._lock:
             return self._release_expired_locked(self._clock())
 
     @property
     def outstanding(self) -> int:
-        """Number of unsettled reservations made directly on this budget."""
+        """Unsettled reservations held against this budget (its own and its nested runs')."""
         with self._lock:
             return len(self._reservations)
 
@@ -390,18 +356,16 @@ class Budget:
         loop: LoopVerdict | None = None,
     ) -> Decision:
         """:func:`guard.policy.decide` on this budget's limits, usage, clock and reservations."""
+        # decide() is pure and quick: run it under the lock on the live counters, no copies.
         with self._lock:
-            limits, usage = self._limits, self._usage.copy()
-            reserved = self._reserved.copy()
-            elapsed = self._elapsed_locked()
-        return _decide(
-            limits,
-            usage,
-            elapsed_s=elapsed,
-            phase=phase,
-            completed=completed,
-            cancel=cancel,
-            cancel_detail=cancel_detail,
-            loop=loop,
-            reserved=reserved,
-        )
+            return _decide(
+                self._limits,
+                self._usage,
+                elapsed_s=self._elapsed_locked(),
+                phase=phase,
+                completed=completed,
+                cancel=cancel,
+                cancel_detail=cancel_detail,
+                loop=loop,
+                reserved=self._reserved,
+            )

@@ -47,23 +47,38 @@ def utilisation(
     Metrics: ``steps``, ``model_calls``, ``tool_calls``, ``tokens``, ``cost_usd``,
     ``elapsed_s``. ``(None, None)`` when no limit is set.
     """
-    best: float | None = None
+    # Unrolled on purpose: this runs on every span the guard ingests.
+    best = -1.0
     metric: str | None = None
-    pairs: tuple[tuple[str, float | None, float | None], ...] = (
-        ("elapsed_s", elapsed_s, limits.deadline_s),
-        ("steps", usage.steps, limits.max_steps),
-        ("model_calls", usage.model_calls, limits.max_model_calls),
-        ("tokens", usage.tokens, limits.max_tokens),
-        ("cost_usd", usage.cost_usd, limits.max_cost_usd),
-        ("tool_calls", usage.tool_calls, limits.max_tool_calls),
-    )
-    for name, used, limit in pairs:
-        if used is None or limit is None:
-            continue
-        frac = used / limit if limit > 0 else math.inf
-        if best is None or frac > best:
-            best, metric = frac, name
-    return best, metric
+    lim = limits.deadline_s
+    if lim is not None and elapsed_s is not None:
+        best, metric = (elapsed_s / lim if lim > 0 else math.inf), "elapsed_s"
+    lim = limits.max_steps
+    if lim is not None:
+        f = usage.steps / lim if lim > 0 else math.inf
+        if f > best:
+            best, metric = f, "steps"
+    lim = limits.max_model_calls
+    if lim is not None:
+        f = usage.model_calls / lim if lim > 0 else math.inf
+        if f > best:
+            best, metric = f, "model_calls"
+    lim = limits.max_tokens
+    if lim is not None:
+        f = (usage.input_tokens + usage.output_tokens) / lim if lim > 0 else math.inf
+        if f > best:
+            best, metric = f, "tokens"
+    lim = limits.max_cost_usd
+    if lim is not None and usage.cost_usd is not None:
+        f = usage.cost_usd / lim if lim > 0 else math.inf
+        if f > best:
+            best, metric = f, "cost_usd"
+    lim = limits.max_tool_calls
+    if lim is not None:
+        f = usage.tool_calls / lim if lim > 0 else math.inf
+        if f > best:
+            best, metric = f, "tool_calls"
+    return (None, None) if metric is None else (best, metric)
 
 
 _METRIC_REASON = {

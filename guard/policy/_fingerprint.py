@@ -5,12 +5,14 @@ when the model reshuffles its arguments. :func:`canonicalize` folds, in order:
 
 * mappings: key order, key case and surrounding whitespace; keys named in ``ignore_fields``
   (case-insensitive, at any depth) are dropped, e.g. ``page``/``offset``/``cursor``;
-* numbers: ``1``, ``1.0`` and ``"1"`` are the same value; ``True`` stays distinct from ``1``;
+* numbers: ``1``, ``1.0``, ``"1"`` and ``"001"`` are the same value (integers stay exact however
+  large); ``True`` stays distinct from ``1``;
 * dates: ISO-like date strings (``2026-11-30``, ``2026/11/30``, with or without a time) become
   epoch seconds (naive times are read as UTC);
 * strings: Unicode NFKC, case folding, whitespace collapsed;
-* *short* strings (at most :data:`SHORT_MAX_CHARS` characters and :data:`SHORT_MAX_TOKENS`
-  tokens) lose their token order: tokens are split on whitespace and punctuation and sorted.
+* *short text* (at most :data:`SHORT_MAX_CHARS` characters and :data:`SHORT_MAX_TOKENS`
+  tokens, containing a space or CJK) loses its token order: tokens are split on whitespace and
+  punctuation and sorted. Strings without spaces or CJK (identifiers, paths, URLs) keep theirs.
   CJK text has no spaces, so a run of CJK characters is split into single characters and
   those are sorted as well: "天气 杭州", "杭州 天气" and "杭州天气" all canonicalise to the
   same string. The price is that anagrams such as "上海"/"海上" collide too; for a loop
@@ -23,6 +25,7 @@ The output is compact JSON with sorted keys, so it is stable across processes an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -35,12 +38,15 @@ from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from guard.errors import InvalidInput
+
 __all__ = ["SHORT_MAX_CHARS", "SHORT_MAX_TOKENS", "Fingerprinter", "canonicalize", "hash64"]
 
 SHORT_MAX_CHARS = 64
 SHORT_MAX_TOKENS = 8
 
 _WS = re.compile(r"\s+")
+_INT = re.compile(r"[+-]?\d+")
 _NUM = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _DATE = re.compile(
     r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}([ tT]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?)?(z|[+-]\d{2}:?\d{2})?"
@@ -49,15 +55,25 @@ _DATE = re.compile(
 # characters (ideographs, kana, hangul syllables).
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _TOKEN = re.compile(rf"[+-]?\d+(?:\.\d+)?(?![^\W{_CJK}])|[{_CJK}]|[^\W{_CJK}]+")
+_HAS_CJK = re.compile(f"[{_CJK}]")
 _SPECIAL = {"nan": "nan", "inf": "inf", "+inf": "inf", "-inf": "-inf"}
 
 
 def _number(x: float) -> int | float | str:
+    if isinstance(x, int):
+        return int(x)  # exact, however large
     if not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    if float(x).is_integer() and abs(x) < 2**63:
+    if x.is_integer() and abs(x) < 2**63:
         return int(x)
     return float(x)
+
+
+def _numeric(s: str) -> int | float | str:
+    """A numeric string: integers exactly ("007" -> 7), the rest through float."""
+    if _INT.fullmatch(s):
+        return int(s)
+    return _number(float(s))
 
 
 def _date(s: str) -> int | float | None:
@@ -76,39 +92,60 @@ def _date(s: str) -> int | float | None:
     return _number(dt.timestamp())
 
 
-def _string(s: str) -> Any:
-    s = _WS.sub(" ", unicodedata.normalize("NFKC", s)).strip().casefold()
+def _norm(s: str) -> str:
+    """NFKC (skipped for ASCII, which it cannot change), whitespace collapsed, case folded."""
+    if not s.isascii():
+        s = unicodedata.normalize("NFKC", s)
+    return _WS.sub(" ", s).strip().casefold()
+
+
+@functools.lru_cache(maxsize=4096)
+def _string_cached(s: str) -> Any:
+    s = _norm(s)
     if _NUM.fullmatch(s):
-        return _number(float(s))
+        return _numeric(s)
     if s in _SPECIAL:
         return _SPECIAL[s]
-    d = _date(s)
-    if d is not None:
-        return d
-    if len(s) <= SHORT_MAX_CHARS:
-        words = s.split(" ")
-        if len(words) <= SHORT_MAX_TOKENS:
-            tokens = _TOKEN.findall(s)
-            if tokens:
-                joined = " ".join(sorted(tokens))
-                # "0:" -> "0" must canonicalise like "0", so the output is a fixed point.
-                return _number(float(joined)) if _NUM.fullmatch(joined) else joined
+    if s[:4].isdigit():
+        d = _date(s)
+        if d is not None:
+            return d
+    # Only text-like strings (with spaces, or CJK) lose their token order: identifiers, paths,
+    # URLs and e-mail addresses ("src/a.py" vs "a/src.py") keep theirs.
+    if (
+        len(s) <= SHORT_MAX_CHARS
+        and s.count(" ") < SHORT_MAX_TOKENS
+        and (" " in s or _HAS_CJK.search(s) is not None)
+    ):
+        tokens = _TOKEN.findall(s)
+        if tokens:
+            joined = " ".join(sorted(tokens))
+            # "0:" -> "0" must canonicalise like "0", so the output is a fixed point.
+            return _numeric(joined) if _NUM.fullmatch(joined) else joined
     return s
 
 
+def _string(s: str) -> Any:
+    # Arguments repeat (that is the point of a loop detector): memoise the short ones. The cache
+    # is bounded in entries and in the length of what it holds.
+    return _string_cached(s) if len(s) <= 256 else _string_cached.__wrapped__(s)
+
+
+_key = functools.lru_cache(maxsize=1024)(_norm)
+
+
 def _canon(value: Any, ignore: frozenset[str]) -> Any:
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int | float):
-        return _number(value)
-    if isinstance(value, str):
+    t = type(value)
+    if t is str:
         return _string(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return "bytes:" + bytes(value).hex()
-    if isinstance(value, Mapping):
+    if value is None or t is bool:
+        return value
+    if t is int or t is float:
+        return _number(value)
+    if t is dict or isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            key = _WS.sub(" ", unicodedata.normalize("NFKC", str(k))).strip().casefold()
+            key = _key(k if type(k) is str else str(k))
             if key in ignore:
                 continue
             cv = _canon(v, ignore)
@@ -118,26 +155,45 @@ def _canon(value: Any, ignore: frozenset[str]) -> Any:
                 cv = min(out[key], cv, key=_dump)
             out[key] = cv
         return out
+    if t is list or t is tuple:
+        return [_canon(v, ignore) for v in value]
+    if isinstance(value, str):
+        return _string(str(value))
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int | float):
+        return _number(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "bytes:" + bytes(value).hex()
     if is_dataclass(value) and not isinstance(value, type):
         return _canon(asdict(value), ignore)
     if isinstance(value, set | frozenset):
         items = [_canon(v, ignore) for v in value]
         return sorted(items, key=_dump)
-    if isinstance(value, list | tuple) or (
-        isinstance(value, Iterable) and not isinstance(value, str | bytes)
-    ):
+    if isinstance(value, Iterable):
         return [_canon(v, ignore) for v in value]
     return _string(str(value))
 
 
-def _dump(x: Any) -> str:
-    return json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+# One encoder for every call: json.dumps with non-default options builds a new one each time.
+_dump = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _ignore_set(fields: Iterable[str]) -> frozenset[str]:
+    return frozenset(_norm(f) for f in fields)
 
 
 def canonicalize(value: Any, *, ignore_fields: Iterable[str] = ()) -> str:
     """A stable string for ``value`` that equal-meaning arguments share (see module doc)."""
-    ignore = frozenset(f.strip().casefold() for f in ignore_fields)
-    return _dump(_canon(value, ignore))
+    return _canonical(value, _ignore_set(ignore_fields) if ignore_fields else frozenset())
+
+
+def _canonical(value: Any, ignore: frozenset[str]) -> str:
+    try:
+        return _dump(_canon(value, ignore))
+    except RecursionError:
+        # Self-referencing or absurdly deep arguments: a clear error, not a crash.
+        raise InvalidInput("cannot canonicalise: value is cyclic or nested too deeply") from None
 
 
 def hash64(hex_digest: str | None) -> int:
@@ -164,7 +220,7 @@ class Fingerprinter:
     then only compare within the process, which is enough for local loop detection).
     """
 
-    __slots__ = ("_ignore", "_key")
+    __slots__ = ("_ignore", "_mac0", "_tools")
 
     def __init__(
         self,
@@ -174,21 +230,31 @@ class Fingerprinter:
     ) -> None:
         if key is None:
             key = secrets.token_bytes(32)
-        self._key = key.encode() if isinstance(key, str) else bytes(key)
-        self._ignore = tuple(ignore_fields)
+        if not isinstance(key, str | bytes | bytearray) or not key:
+            raise InvalidInput(f"fingerprint key must be non-empty bytes or str, got {type(key)}")
+        raw = key.encode() if isinstance(key, str) else bytes(key)
+        # The keyed inner/outer state is computed once; each fingerprint copies it.
+        self._mac0 = hmac.new(raw, digestmod=hashlib.sha256)
+        self._ignore = _ignore_set(ignore_fields)
+        self._tools: dict[str, str] = {}
 
     def _mac(self, domain: bytes, payload: str) -> str:
-        digest = hmac.new(self._key, domain + b"\x00" + payload.encode(), hashlib.sha256)
-        return digest.hexdigest()[:32]
+        m = self._mac0.copy()
+        m.update(domain + b"\x00" + payload.encode())
+        return m.hexdigest()[:32]
 
     def action(self, tool: str, args: Any) -> str:
         """Fingerprint of one tool call: tool name plus canonical arguments."""
-        name = unicodedata.normalize("NFKC", str(tool)).strip().casefold()
-        return self._mac(b"action", name + "\x00" + canonicalize(args, ignore_fields=self._ignore))
+        name = self._tools.get(tool)
+        if name is None:
+            name = _norm(str(tool))
+            if len(self._tools) < 1024:  # tool names are few; bound it anyway
+                self._tools[tool] = name
+        return self._mac(b"action", name + "\x00" + _canonical(args, self._ignore))
 
     def result(self, value: Any) -> str:
         """Fingerprint of a tool result (canonical, nothing ignored)."""
-        return self._mac(b"result", canonicalize(value))
+        return self._mac(b"result", _canonical(value, frozenset()))
 
     def state(self, facts: Iterable[Any]) -> str:
         """Order-insensitive fingerprint of a fact set (duplicates collapse)."""
@@ -197,5 +263,4 @@ class Fingerprinter:
 
     def text(self, s: str) -> str:
         """Fingerprint of free text (NFKC, whitespace collapsed, case folded; order kept)."""
-        norm = _WS.sub(" ", unicodedata.normalize("NFKC", s)).strip().casefold()
-        return self._mac(b"text", norm)
+        return self._mac(b"text", _norm(s))

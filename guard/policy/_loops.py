@@ -33,6 +33,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
+from guard.errors import ConfigError
 from guard.policy._fingerprint import hash64
 from guard.policy._types import Action, LoopSettings, Reason
 
@@ -62,9 +63,10 @@ class LoopDetector:
 
     def __init__(self, settings: LoopSettings | None = None) -> None:
         self.settings = settings if settings is not None else LoopSettings()
-        if self.settings.window < 2 or self.settings.repeat_threshold < 2:
-            # Deliberately not ConfigError: settings are validated at the config boundary.
-            raise ValueError("loop window and repeat_threshold must be >= 2")
+        for name in ("window", "repeat_threshold", "no_progress_steps"):
+            v = getattr(self.settings, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                raise ConfigError(f"must be an integer >= 2, got {v!r}", path=f"loop.{name}")
         w = self.settings.window
         self._acts = array("Q", bytes(8 * w))
         self._res = array("Q", bytes(8 * w))
@@ -88,16 +90,22 @@ class LoopDetector:
 
     def observe_action(self, action: str, result: str | None) -> LoopVerdict:
         """Record one tool call (in order) and judge the window including it."""
-        a, r = hash64(action), hash64(result)
+        a, r = hash64(action) or 1, hash64(result)
         w = self.settings.window
+        k = self.settings.repeat_threshold
         i = self._n % w
         self._acts[i] = a
         self._res[i] = r
         self._n += 1
+        # Fast path, two C-level scans: every pattern needs this action at least k-1 times in
+        # the window (repeats, cycles) or this result at least k+1 times (same_result).
+        if self._acts.count(a) < k - 1 and (not r or self._res.count(r) < k + 1):
+            return _OK
         m = min(self._n, w)
-        acts = [self._acts[(self._n - 1 - j) % w] for j in range(m)]  # newest first
-        res = [self._res[(self._n - 1 - j) % w] for j in range(m)]
-        k = self.settings.repeat_threshold
+        cut = self._n % w if self._n >= w else m
+        # Newest first, by C-level slicing of the ring (oldest..newest, reversed).
+        acts = (self._acts[cut:m] + self._acts[:cut])[::-1].tolist()
+        res = (self._res[cut:m] + self._res[:cut])[::-1].tolist()
         found: list[tuple[Action, str, int, str]] = []
 
         # Repeats of this action with this result, until its result last differed.

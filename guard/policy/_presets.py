@@ -4,7 +4,9 @@ The step cap must follow the task: an FAQ needs one lookup at most, a customer-s
 looks up, checks and acts, a code fix edits, tests, reads the error and edits again, research
 fans out and cross-checks, and browser automation takes many fine-grained actions, so it caps
 actions and total time together. A preset is a *tightening* (``PolicyConfig.effective_limits``
-tightens the run defaults with it); the policy file may override any preset or add new ones.
+tightens the run defaults with it, field by field), so a preset can never loosen what the
+policy file's ``runs`` section allows; loop settings therefore stay at or below the seed
+defaults. The policy file may override any preset or add new ones.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ PRESETS: dict[str, Limits] = {
         reserve_s=8.0,
         loop=LoopSettings(window=20, repeat_threshold=3, no_progress_steps=6),
     ),
-    # Edit -> test -> read error -> edit is progress while the test output changes, so the
-    # no-progress window is longer than the default.
+    # Edit -> test -> read error -> edit is progress while the test output changes (the
+    # new-information exemption), so the loop settings stay at the seed defaults.
     "code_fix": Limits(
         max_steps=40,
         max_tool_calls=150,
@@ -44,7 +46,7 @@ PRESETS: dict[str, Limits] = {
         deadline_s=900.0,
         reserve_tokens=8_000,
         reserve_s=30.0,
-        loop=LoopSettings(window=30, repeat_threshold=3, no_progress_steps=12),
+        loop=LoopSettings(),
     ),
     # Search, filter, analyse, cross-check: sized by the seed's worked budget (400K input
     # tokens over ~14 rounds of B=6000, D=2500), with a reserve to write the report.
@@ -56,7 +58,7 @@ PRESETS: dict[str, Limits] = {
         deadline_s=600.0,
         reserve_tokens=16_000,
         reserve_s=30.0,
-        loop=LoopSettings(window=20, repeat_threshold=3, no_progress_steps=10),
+        loop=LoopSettings(),
     ),
     # Many small actions: cap the action count and the total deadline together.
     "browser": Limits(
@@ -66,6 +68,6 @@ PRESETS: dict[str, Limits] = {
         deadline_s=300.0,
         reserve_tokens=4_000,
         reserve_s=15.0,
-        loop=LoopSettings(window=20, repeat_threshold=3, no_progress_steps=10),
+        loop=LoopSettings(),
     ),
 }

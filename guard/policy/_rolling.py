@@ -173,6 +173,7 @@ class TenantBudget:
         self.tenant = tenant
         self.limits = limits
         self.live_runs = 0
+        self._buckets = buckets
         self._lock = threading.Lock()
         self._windows = [RollingWindow(r.window_s, buckets=buckets) for r in limits.rolling]
         self._held = {"cost_usd": 0.0, "tokens": 0.0}
@@ -299,5 +300,6 @@ class TenantBudget:
             old = dict(zip(self.limits.rolling, self._windows, strict=True))
             self.limits = limits
             self._windows = [
-                old.get(r) or RollingWindow(r.window_s, buckets=60) for r in limits.rolling
+                old.get(r) or RollingWindow(r.window_s, buckets=self._buckets)
+                for r in limits.rolling
             ]

@@ -180,13 +180,9 @@ def test_remaining_is_never_negative_and_none_when_unlimited() -> None:
         (60.0, None, 0.0, 30.0, 1.0, False, 1.0),
     ],
 )
-def test_effective_timeout(
-    deadline, reserve, margin, elapsed, configured, final, expected
-) -> None:
+def test_effective_timeout(deadline, reserve, margin, elapsed, configured, final, expected) -> None:
     clock = FakeClock()
-    b = Budget(
-        Limits(deadline_s=deadline, reserve_s=reserve, timeout_margin_s=margin), clock=clock
-    )
+    b = Budget(Limits(deadline_s=deadline, reserve_s=reserve, timeout_margin_s=margin), clock=clock)
     clock.advance(elapsed)
     got = b.effective_timeout(configured, final_answer=final)
     assert got == (None if expected is None else pytest.approx(expected))
@@ -243,9 +239,8 @@ def test_reservation_blocks_oversell_with_numbers() -> None:
 
 def test_context_manager_releases_unsettled() -> None:
     b = Budget(Limits(max_tokens=100))
-    with b.reserve(tokens=80):
-        with pytest.raises(BudgetExceeded):
-            b.reserve(tokens=30)
+    with b.reserve(tokens=80), pytest.raises(BudgetExceeded):
+        b.reserve(tokens=30)
     assert b.reserved().tokens == 0
     with b.reserve(tokens=80) as r:
         r.settle(tokens=10)
@@ -381,3 +376,18 @@ def test_concurrent_reservations_held_never_exceed_the_limit() -> None:
         t.join()
     assert len(held) == 10
     assert b.reserved().cost_usd == pytest.approx(0.10)
+
+
+def test_parent_sweeps_expired_reservations_of_an_abandoned_nested_run() -> None:
+    clock = FakeClock()
+    parent = Budget(Limits(max_tokens=100), clock=clock)
+    child = Budget(Limits(), clock=clock, parent=parent)
+    child.reserve(tokens=90, ttl_s=5)
+    assert parent.outstanding == 1 and child.outstanding == 1
+    with pytest.raises(BudgetExceeded):
+        parent.reserve(tokens=20)
+    clock.advance(6)
+    assert parent.release_expired() == 1
+    assert parent.outstanding == 0 and child.outstanding == 0
+    assert parent.reserved().tokens == 0 and child.reserved().tokens == 0
+    parent.reserve(tokens=100)

@@ -133,8 +133,12 @@ def _with(path: str, value) -> dict:
         ("tenants.acme.rolling[0].metric", "dollars", "tenants.acme.rolling[0].metric", "cost_usd"),
         ("tenants.acme.rolling[1].limit", -1, "tenants.acme.rolling[1].limit", "must be > 0"),
         ("tenants.acme.rolling[1].window_s", "1h", "tenants.acme.rolling[1].window_s", "number"),
-        ("tenants.acme.rolling[1]", {"metric": "tokens"}, "tenants.acme.rolling[1].limit",
-         "required"),
+        (
+            "tenants.acme.rolling[1]",
+            {"metric": "tokens"},
+            "tenants.acme.rolling[1].limit",
+            "required",
+        ),
         ("tenants.acme.rolling", {"metric": "tokens"}, "tenants.acme.rolling", "must be a list"),
         ("tenants.acme", [1], "tenants.acme", "must be a mapping"),
         ("prices.models.gpt-4.1.input", -2, "prices.models.gpt-4.1.input", ">= 0"),
@@ -225,8 +229,10 @@ def test_presets_scale_with_the_task() -> None:
     steps = {k: PRESETS[k].max_steps for k in PRESETS}
     assert steps["faq"] < steps["customer_service"] < steps["code_fix"]
     assert steps["browser"] >= steps["code_fix"]
-    # code fixing is allowed a longer stale streak (test-fix cycles), FAQ the shortest
-    assert PRESETS["code_fix"].loop.no_progress_steps > PRESETS["faq"].loop.no_progress_steps
+    # an FAQ is judged stuck soonest; code fixing keeps the seed defaults (test-fix cycles
+    # are protected by the new-information exemption)
+    assert PRESETS["faq"].loop.no_progress_steps < PRESETS["code_fix"].loop.no_progress_steps
+    assert PRESETS["code_fix"].loop == LoopSettings()
 
 
 def test_preset_override_and_new_preset() -> None:
@@ -255,11 +261,15 @@ def test_preset_override_and_new_preset() -> None:
     ],
 )
 def test_price_book(model, inp, out, cached, expected) -> None:
-    got = DEFAULT_PRICE_BOOK.cost_usd(model, input_tokens=inp, output_tokens=out, cached_tokens=cached)
+    got = DEFAULT_PRICE_BOOK.cost_usd(
+        model, input_tokens=inp, output_tokens=out, cached_tokens=cached
+    )
     assert got == (None if expected is None else pytest.approx(expected))
 
 
 def test_price_book_without_cached_rate_bills_input() -> None:
-    cfg = PolicyConfig.from_dict({"prices": {"version": 3, "models": {"m": {"input": 1, "output": 2}}}})
+    cfg = PolicyConfig.from_dict(
+        {"prices": {"version": 3, "models": {"m": {"input": 1, "output": 2}}}}
+    )
     assert cfg.prices == PriceBook("3", cfg.prices.models)
     assert cfg.prices.cost_usd("m", input_tokens=10**6, output_tokens=0, cached_tokens=10**6) == 1.0

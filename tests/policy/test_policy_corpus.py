@@ -34,9 +34,13 @@ def test_legit_traces_are_not_stopped(trace) -> None:
 
 @pytest.mark.parametrize("trace", HARD, ids=lambda t: t.name)
 def test_hard_legit_traces_are_documented_limits(trace) -> None:
-    """Known false positives (see benchmarks/loop_corpus.py); a higher threshold lets them by."""
+    """Known false positives (reported by benchmarks/loop_corpus.py), each with its reason.
+
+    Hashes alone cannot tell "ok" x8 from "[]" x8; a looser threshold lets them through.
+    """
+    assert trace.note
     assert run_trace(trace).stopped
-    assert not run_trace(trace, LoopSettings(repeat_threshold=5)).stopped
+    assert not run_trace(trace, LoopSettings(window=20, repeat_threshold=8)).stopped
 
 
 @pytest.mark.parametrize(

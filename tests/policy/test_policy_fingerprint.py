@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from guard.errors import InvalidInput
 from guard.policy import Fingerprinter, canonicalize, hash64
 
 SAME = [
@@ -55,9 +56,14 @@ DIFFERENT = [
     ({"q": "杭州天气"}, {"q": "北京天气"}),
     ({"d": "2026-11-30"}, {"d": "2026-11-29"}),
     ({"q": "x" * 100 + " a b"}, {"q": "a b " + "x" * 100}),  # long strings keep order
-    ({"q": "one two three four five six seven eight nine"},
-     {"q": "nine eight seven six five four three two one"}),  # > 8 tokens keep order
+    (
+        {"q": "one two three four five six seven eight nine"},
+        {"q": "nine eight seven six five four three two one"},
+    ),  # > 8 tokens keep order
     ({"x": 1.5}, {"x": 1}),
+    ({"path": "src/a.py"}, {"path": "a/src.py"}),  # identifiers and paths keep their order
+    ({"url": "https://a.example/b"}, {"url": "https://b.example/a"}),
+    ({"id": "ab-12"}, {"id": "12-ab"}),
 ]
 
 
@@ -91,7 +97,9 @@ def test_special_values() -> None:
     assert canonicalize(math.inf) != canonicalize(-math.inf)
     assert canonicalize(b"\x00\x01") == '"bytes:0001"'
     assert canonicalize(None) == "null"
-    assert canonicalize(10**30) == canonicalize(float(10**30))
+    assert canonicalize(10**30) == canonicalize(str(10**30)) == str(10**30)
+    assert canonicalize("12345678901234567890123") != canonicalize("12345678901234567890124")
+    assert canonicalize("007") == canonicalize(7)
 
 
 def test_output_is_compact_sorted_json() -> None:
@@ -100,8 +108,9 @@ def test_output_is_compact_sorted_json() -> None:
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=6), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=5)
+    ),
     max_leaves=20,
 )
 
@@ -189,3 +198,24 @@ def test_hash64() -> None:
 def test_hash64_accepts_non_hex_ids() -> None:
     assert hash64("bug in payment.py") == hash64("bug in payment.py") != 0
     assert hash64("not-hex-1") != hash64("not-hex-2")
+
+
+@pytest.mark.parametrize("key", [b"", "", 5, 1.5])
+def test_bad_keys_are_rejected(key) -> None:
+    with pytest.raises(InvalidInput):
+        Fingerprinter(key)
+
+
+def test_cyclic_or_too_deep_values_raise_invalid_input() -> None:
+    cyclic: list = []
+    cyclic.append(cyclic)
+    deep: list = []
+    node = deep
+    for _ in range(5000):
+        node.append([])
+        node = node[0]
+    for value in (cyclic, deep):
+        with pytest.raises(InvalidInput):
+            canonicalize(value)
+        with pytest.raises(InvalidInput):
+            Fingerprinter(b"k").action("t", value)

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from guard.errors import ConfigError
 from guard.policy import Action, Fingerprinter, LoopDetector, LoopSettings, Reason
 
 FP = Fingerprinter(b"test-key")
@@ -200,9 +201,18 @@ def test_reset_forgets() -> None:
     assert feed(det, [("a", "r")]) == [C]
 
 
-def test_invalid_settings() -> None:
-    with pytest.raises(ValueError):
-        LoopDetector(LoopSettings(window=1))
+@pytest.mark.parametrize(
+    ("kw", "path"),
+    [
+        ({"window": 1}, "loop.window"),
+        ({"repeat_threshold": 0}, "loop.repeat_threshold"),
+        ({"no_progress_steps": 1}, "loop.no_progress_steps"),
+    ],
+)
+def test_invalid_settings(kw: dict, path: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        LoopDetector(LoopSettings(**kw))
+    assert exc.value.path == path
 
 
 @settings(max_examples=100, deadline=None)

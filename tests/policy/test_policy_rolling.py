@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
@@ -162,10 +163,8 @@ def test_tenant_reservations_never_oversell() -> None:
 
     def worker() -> None:
         barrier.wait()
-        try:
+        with contextlib.suppress(BudgetExceeded):
             got.append(tb.reserve(10, cost_usd=0.1))
-        except BudgetExceeded:
-            pass
 
     threads = [threading.Thread(target=worker) for _ in range(32)]
     for t in threads:
