@@ -16,7 +16,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ROTEL_ENV_FILE", "RotelProcess", "free_port", "read_env_file", "rotel_binary", "run_rotel"]
+__all__ = [
+    "ROTEL_ENV_FILE",
+    "RotelProcess",
+    "free_port",
+    "read_env_file",
+    "rotel_binary",
+    "run_rotel",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 ROTEL_ENV_FILE = REPO / "collector" / "rotel.env"

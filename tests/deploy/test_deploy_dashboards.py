@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from _deploy_grafana import ALL, TimeRange, Variable, expand
 
 from guard.policy._types import REASON_STATUS, DecidedBy, Outcome, Reason, Status
@@ -33,12 +34,18 @@ def _outcomes(now: float) -> list[Outcome]:
     i = 0
     # Every reason (hence every status) for every tenant, plus a block of completed runs with
     # a spread of step counts so every step bucket has runs.
-    plan = [(r, REASON_STATUS[r]) for r in Reason] * 2 + [(Reason.FINAL_ANSWER, Status.COMPLETED)] * 30
+    plan = [(r, REASON_STATUS[r]) for r in Reason] * 2 + [
+        (Reason.FINAL_ANSWER, Status.COMPLETED)
+    ] * 30
     plan.append((Reason.MISSING_EVIDENCE, Status.COMPLETED))  # a caller-chosen status
     for tenant in TENANTS:
         for reason, status in plan:
             i += 1
-            steps = rng.choice((0, 1, 2, 3, 5, 8, 10, 14, 25)) if reason is not Reason.TENANT_BUDGET else 0
+            steps = (
+                rng.choice((0, 1, 2, 3, 5, 8, 10, 14, 25))
+                if reason is not Reason.TENANT_BUDGET
+                else 0
+            )
             ended = now - rng.uniform(30, 3000)
             elapsed_ms = rng.randint(200, 120_000)
             out.append(
@@ -65,7 +72,9 @@ def _outcomes(now: float) -> list[Outcome]:
                     deadline_ms=None if i % 4 == 0 else 300_000,
                     last_tool=rng.choice(("search", "fetch", "sql", None)),
                     last_action_hash=f"{i:032x}",
-                    loop_hits=rng.randint(1, 4) if reason in (Reason.LOOP_DETECTED, Reason.NO_PROGRESS) else i % 2,
+                    loop_hits=rng.randint(1, 4)
+                    if reason in (Reason.LOOP_DETECTED, Reason.NO_PROGRESS)
+                    else i % 2,
                     partial_result=status is not Status.COMPLETED and i % 2 == 0,
                     recoverable=reason in (Reason.DEADLINE, Reason.AGENT_LOST),
                     decided_by=DecidedBy.GUARD if i % 3 == 0 else DecidedBy.SDK,
@@ -82,7 +91,15 @@ def _decisions(now: float) -> list[DecisionRecord]:
     out = []
     for n in range(240):
         action = ACTIONS[n % len(ACTIONS)]
-        reason = rng.choice((Reason.COST_BUDGET, Reason.TOKEN_BUDGET, Reason.LOOP_DETECTED, Reason.TENANT_BUDGET, Reason.OPERATOR_CANCEL))
+        reason = rng.choice(
+            (
+                Reason.COST_BUDGET,
+                Reason.TOKEN_BUDGET,
+                Reason.LOOP_DETECTED,
+                Reason.TENANT_BUDGET,
+                Reason.OPERATOR_CANCEL,
+            )
+        )
         acked = action != "deny" and n % 5 != 0
         out.append(
             DecisionRecord(
@@ -191,6 +208,27 @@ def test_dashboards_exist_and_use_the_plugin():
             assert "$__conditionalAll(agent IN (${agent:singlequote}), $agent)" in sql
 
 
+def test_layout_and_links():
+    boards = [_load(p) for p in DASHBOARDS]
+    uids = {b["uid"] for b in boards}
+    assert len(uids) == len(boards), "dashboard uids must be unique"
+    for board in boards:
+        for link in board.get("links", []):
+            if link.get("url", "").startswith("/d/"):
+                assert link["url"][3:].split("?")[0] in uids, link
+        cells: set[tuple[int, int]] = set()
+        for panel in _panels(board):
+            g = panel["gridPos"]
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
+            mine = {
+                (x, y)
+                for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])
+            }
+            assert not cells & mine, f"{board['uid']}: {panel['title']} overlaps another panel"
+            cells |= mine
+
+
 def test_required_panels_are_present():
     titles = " | ".join(p.get("title", "") for path in DASHBOARDS for p in _panels(_load(path)))
     for needed in (
@@ -249,7 +287,9 @@ def test_panel_values_match_the_seed(seeded):
     assert set(share) == {r.value for r in Reason}
     assert sum(share.values()) == len(runs)
 
-    buckets = {b: (rate, n) for b, rate, n in _panel_rows(store, stop, "Success rate by step count", tr)}
+    buckets = {
+        b: (rate, n) for b, rate, n in _panel_rows(store, stop, "Success rate by step count", tr)
+    }
     assert set(buckets) == {"0", "1-2", "3-5", "6-10", "11+"}
     assert sum(n for _, n in buckets.values()) == len(runs)
     assert all(0.0 <= rate <= 1.0 for rate, _ in buckets.values())
@@ -264,6 +304,25 @@ def test_panel_values_match_the_seed(seeded):
 
     dec = _load(REPO / "dashboards" / "otel-guard-decisions.json")
     assert _panel_rows(store, dec, "Decisions", tr) == [(len(decisions),)]
-    by_action = {(a, r): n for a, r, n, *_ in _panel_rows(store, dec, "Decisions by action and reason", tr)}
+    by_action = {
+        (a, r): n for a, r, n, *_ in _panel_rows(store, dec, "Decisions by action and reason", tr)
+    }
     assert set(a for a, _ in by_action) == set(ACTIONS)
     assert sum(by_action.values()) == len(decisions)
+
+
+def test_provisioning_files():
+    prov = REPO / "dashboards" / "provisioning"
+    ds = yaml.safe_load((prov / "datasources" / "clickhouse.yaml").read_text())
+    (source,) = ds["datasources"]
+    assert source["type"] == DATASOURCE_TYPE
+    assert source["jsonData"]["defaultDatabase"] == "otel_guard"
+    assert "password" in source["secureJsonData"], "the password stays in secureJsonData"
+    boards = yaml.safe_load((prov / "dashboards" / "otel-guard.yaml").read_text())
+    (provider,) = boards["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"]
+    # The dashboards pick the data source through their variable, so provisioning by uid or
+    # by default both work.
+    for path in DASHBOARDS:
+        variable = next(v for v in _load(path)["templating"]["list"] if v["name"] == "datasource")
+        assert variable["type"] == "datasource" and variable["query"] == DATASOURCE_TYPE

@@ -7,15 +7,25 @@ import base64
 import copy
 import hashlib
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import grpc
 import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 from _deploy_collector import check_wiring, duration_s
+from _deploy_rotel import free_port
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from guard.policy import PolicyConfig
+from guard.v1 import guard_pb2, guard_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "otel-guard"
@@ -69,6 +79,12 @@ def _container(docs) -> dict:
 
 def _env(docs) -> dict[str, dict]:
     return {e["name"]: e for e in _container(docs)["env"]}
+
+
+def pod_grace(docs) -> int:
+    return docs[("Deployment", FULLNAME)]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
 
 
 def _policy(docs) -> dict:
@@ -128,6 +144,8 @@ def test_deployment_essentials(values_name, default, prod):
     config_file = args[args.index("--config") + 1]
     assert config_file == "/etc/otel-guard/guard.yaml"
     assert args[args.index("--data-dir") + 1] == "/var/lib/otel-guard"
+    drain_s = float(args[args.index("--drain-s") + 1])
+    assert drain_s + 10 <= pod_grace(docs)
     assert c["ports"] == [{"name": "grpc", "containerPort": 4317, "protocol": "TCP"}]
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert c[probe]["grpc"] == {"port": 4317}, probe
@@ -164,11 +182,20 @@ def test_services(default):
     svc = default[("Service", FULLNAME)]["spec"]
     headless = default[("Service", f"{FULLNAME}-headless")]["spec"]
     assert svc["type"] == "ClusterIP" and "clusterIP" not in svc
+    # Both gRPC channels of an agent (OTLP and GuardControl) reach the replica tracking its runs.
+    assert svc["sessionAffinity"] == "ClientIP"
+    assert svc["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] > 0
     assert headless["clusterIP"] == "None"
     assert headless["publishNotReadyAddresses"] is False
     for spec in (svc, headless):
         assert spec["ports"] == [
-            {"name": "grpc", "port": 4317, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+            {
+                "name": "grpc",
+                "port": 4317,
+                "targetPort": "grpc",
+                "protocol": "TCP",
+                "appProtocol": "grpc",
+            }
         ]
         assert spec["selector"].items() <= pod_labels.items()
     pdb = default[("PodDisruptionBudget", FULLNAME)]["spec"]
@@ -226,9 +253,7 @@ def test_chart_secret_carries_given_tokens_and_dsn():
     }
     docs = _render(values)
     env = _env(docs)
-    data = {
-        k: base64.b64decode(v).decode() for k, v in docs[("Secret", FULLNAME)]["data"].items()
-    }
+    data = {k: base64.b64decode(v).decode() for k, v in docs[("Secret", FULLNAME)]["data"].items()}
     assert data["ADMIN_TOK"] == "a" * 40
     assert data["ACME_TOK"] == "b" * 40
     assert len(data["GLOBEX_TOK"]) == 40, "missing tenant token is generated"
@@ -296,7 +321,10 @@ def test_collector_configmap_wiring(prod):
     repo_cfg = yaml.safe_load((REPO / "collector" / "loadbalancing.yaml").read_text())
     repo_lb = repo_cfg["exporters"]["load_balancing/guard"]
     assert set(lb) == set(repo_lb)
-    assert lb["protocol"]["otlp"]["retry_on_failure"] == repo_lb["protocol"]["otlp"]["retry_on_failure"]
+    assert (
+        lb["protocol"]["otlp"]["retry_on_failure"]
+        == repo_lb["protocol"]["otlp"]["retry_on_failure"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -308,7 +336,13 @@ def test_collector_configmap_wiring(prod):
         {"clickhouse": {"dsn": "mysql://x"}},
         {"policy": {"runs": {"max_stepz": 3}}},
         {"policy": {"runs": {"max_steps": 0}}},
-        {"policy": {"tenants": {"acme": {"rolling": [{"metric": "dollars", "limit": 1, "window_s": 60}]}}}},
+        {
+            "policy": {
+                "tenants": {
+                    "acme": {"rolling": [{"metric": "dollars", "limit": 1, "window_s": 60}]}
+                }
+            }
+        },
         {"policy": {"unknown_section": {}}},
         {"secret": {"adminToken": 42}},
         {"collector": {"batchTimeout": "fast"}},
@@ -348,8 +382,102 @@ def test_schema_and_guard_agree_on_policy_keys():
     assert sections == set(PolicyConfig._SECTIONS)
 
 
+def test_grace_period_must_cover_the_drain():
+    with pytest.raises(helm.HelmRenderError, match="drainSeconds"):
+        _render({"terminationGracePeriodSeconds": 30, "guard": {"drainSeconds": 25}})
+    docs = _render({"terminationGracePeriodSeconds": 60, "guard": {"drainSeconds": 25}})
+    args = _container(docs)["args"]
+    assert args[args.index("--drain-s") + 1] == "25" and pod_grace(docs) == 60
+
+
+def test_no_auth_needs_an_explicit_opt_in():
+    with pytest.raises(helm.HelmRenderError, match="insecureNoAuth"):
+        _render({"policy": {"auth": None}})
+    values = {"policy": {"auth": None}, "guard": {"insecureNoAuth": True}}
+    docs = _render(values)
+    assert "--insecure-bind-any" in _container(docs)["args"]
+    assert not any(
+        "secretKeyRef" in e.get("valueFrom", {}) and "TOKEN" in e["name"]
+        for e in _container(docs)["env"]
+    )
+    assert "guard.yaml" in docs[("ConfigMap", FULLNAME)]["data"]
+    assert PolicyConfig.from_dict(_policy(docs)).auth is None
+    assert "Development only" in _notes(values)
+    assert "--insecure-bind-any" not in _container(_render())["args"]
+
+
 def test_values_do_not_mutate_between_renders():
     values = _prod_values()
     before = copy.deepcopy(values)
     _render(values)
     assert values == before
+
+
+@pytest.mark.slow
+def test_rendered_pod_runs_the_real_guard(tmp_path, default):
+    """Run the container's command line (args, policy file, env from the Secret) as a real
+    ``otel-guard serve`` process, probe it the way the kubelet does (grpc.health.v1 Check on
+    the probe port, service ""), call GuardAdmin with the admin token from the Secret, then
+    SIGTERM it: it must exit within the grace period."""
+    pod = default[("Deployment", FULLNAME)]["spec"]["template"]["spec"]
+    c = _container(default)
+    secret = {
+        k: base64.b64decode(v).decode() for k, v in default[("Secret", FULLNAME)]["data"].items()
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GUARD_")}
+    for e in c["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        elif "secretKeyRef" in e.get("valueFrom", {}):
+            env[e["name"]] = secret[e["valueFrom"]["secretKeyRef"]["key"]]
+    # The ConfigMap mounted at /etc/otel-guard, and the data volume, under tmp_path.
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    for name, text in default[("ConfigMap", FULLNAME)]["data"].items():
+        (config_dir / name).write_text(text)
+    port = free_port()
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in c["args"]]
+    args[args.index("--listen") + 1] = f"127.0.0.1:{port}"
+    args[args.index("--config") + 1] = str(config_dir / "guard.yaml")
+    args[args.index("--data-dir") + 1] = str(tmp_path / "data")
+    assert c["command"] == ["otel-guard"]
+    argv = [sys.executable, "-m", "guard.cli", *args]
+    log = (tmp_path / "guard.log").open("wb")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        probe = c["readinessProbe"]["grpc"]
+        status = None
+        deadline = time.monotonic() + 60
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    status = stub.Check(
+                        health_pb2.HealthCheckRequest(service=probe.get("service", "")), timeout=1
+                    ).status
+                    break
+                except grpc.RpcError:
+                    time.sleep(0.1)
+        assert status == health_pb2.HealthCheckResponse.SERVING, (
+            tmp_path / "guard.log"
+        ).read_text()
+        # The policy's auth section took its admin token from the env the Secret fills.
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            admin = guard_pb2_grpc.GuardAdminStub(channel)
+            token = env[_policy(default)["auth"]["admin_token_env"]]
+            bearer = [("authorization", f"Bearer {token}")]
+            admin.ListRuns(guard_pb2.ListRunsRequest(), metadata=bearer, timeout=5)
+            with pytest.raises(grpc.RpcError) as denied:
+                wrong = [("authorization", "Bearer wrong")]
+                admin.ListRuns(guard_pb2.ListRunsRequest(), metadata=wrong, timeout=5)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=pod["terminationGracePeriodSeconds"])
+        assert time.monotonic() - started < pod["terminationGracePeriodSeconds"]
+        assert code == 0, (tmp_path / "guard.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()

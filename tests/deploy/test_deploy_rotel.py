@@ -93,9 +93,7 @@ def test_spans_pass_through_rotel(receiver, tmp_path):
     }
     # The extra hop: span end -> arrival at the receiver behind rotel. Informational; the bound
     # is generous on purpose (the cancel-latency benchmark measures it properly).
-    hop_ms = [
-        (t - sent[f"step-{a['guard.step.index'].int_value}"]) * 1000 for t, a in steps
-    ]
+    hop_ms = [(t - sent[f"step-{a['guard.step.index'].int_value}"]) * 1000 for t, a in steps]
     p50 = statistics.median(hop_ms)
     print(f"rotel hop: p50 {p50:.1f} ms, max {max(hop_ms):.1f} ms over {len(hop_ms)} spans")
     assert p50 < 1000, hop_ms
