@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer healthy runs and no pauses between acts (~20-30 s; used by the tests)",
+        help="fewer healthy runs and no pauses between acts (about 10 s; used by the tests)",
     )
     parser.add_argument(
         "--data-dir",

@@ -66,8 +66,10 @@ async def _run_item(item: dict[str, Any], gate: asyncio.Semaphore, process: str)
             await run_fn()
             run = holder.get("run")
             outcome = _outcome_dict(getattr(run, "outcome", None))
-            if not outcome:  # the SDK always sets it; stay honest if it did not
-                outcome = {"status": "completed", "reason": "final_answer", "agent": agent}
+            if not outcome:  # the SDK sets run.outcome when a run returns: say so if not
+                _emit("error", process=process, kind=scenario.kind, n=n,
+                      error="run returned but run.outcome is not set")  # fmt: skip
+                return
         except guard.RunStopped as stopped:
             outcome = _outcome_dict(stopped.outcome)
         except Exception as exc:  # a demo agent must never take the fleet down
@@ -80,20 +82,19 @@ async def _run_item(item: dict[str, Any], gate: asyncio.Semaphore, process: str)
 
 async def _main_async(args: argparse.Namespace) -> int:
     plan: list[list[dict[str, Any]]] = json.loads(args.plan)
-    guard.configure(endpoint=args.endpoint, tenant=args.tenant)
+    # Six agent processes and the guard share two cores in `make demo`: allow a run's start
+    # a full second for the guard's admit or deny (default 200 ms) so a busy machine cannot
+    # turn the staged deny into a run that started under local limits.
+    guard.configure(endpoint=args.endpoint, tenant=args.tenant, admit_timeout_ms=1000)
     gate = asyncio.Semaphore(args.concurrency)
     _emit("ready", process=args.name, tenant=args.tenant, pid=os.getpid())
     for wave in plan:
         await asyncio.gather(*(_run_item(item, gate, args.name) for item in wave))
-    # Give the SDK a moment to deliver the last RunEnded messages and spans, then shut down
-    # cleanly so the guard never has to record a run of ours as agent_lost.
-    shutdown = getattr(guard, "shutdown", None)
-    if callable(shutdown):
-        result = shutdown()
-        if asyncio.iscoroutine(result):
-            await result
-    else:
-        await asyncio.sleep(0.5)
+    # Shut the SDK down as an application does at exit: it flushes the spans and closes the
+    # control stream. The short pause before it lets the last RunEnded leave the process:
+    # shutdown() drains the send queue but can still cut a write that is in flight.
+    await asyncio.sleep(0.5)
+    guard.shutdown()
     _emit("done", process=args.name)
     return 0
 

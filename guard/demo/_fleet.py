@@ -11,6 +11,7 @@ from guard.demo._model import DEMO_PRICES
 
 __all__ = [
     "BUDGET_TENANT",
+    "BUDGET_TENANT_LIMIT_USD",
     "CANCEL_TENANT",
     "STAGED_REASONS",
     "AgentProcess",
@@ -96,7 +97,7 @@ def build_fleet(*, quick: bool) -> list[AgentProcess]:
     and the pauses, for tests."""
     # (healthy runs, spread seconds) per tenant; the runaways start at staggered times in the
     # full demo so the terminal tells the story one failure at a time.
-    span = 0.0 if quick else 30.0
+    span = 0.0 if quick else 24.0
     at = (lambda s: 0.0) if quick else (lambda s: s)
     count = (lambda q, f: q) if quick else (lambda q, f: f)
 

@@ -93,16 +93,24 @@ class DemoGuard:
         self._report = report
         return [dict(row) for row in report.rows]
 
+    def runs_by_id(self, run_ids: list[str]) -> dict[str, dict[str, str]]:
+        """The stored ``otel_guard.runs`` row of each run (after :meth:`read_back` flushed)."""
+        if not run_ids:
+            return {}
+        rows = self.store.query(
+            "SELECT run_id, status, reason, decided_by FROM otel_guard.runs FINAL "
+            "WHERE run_id IN {ids:Array(String)}",
+            {"ids": list(run_ids)},
+        )
+        return {r[0]: {"status": r[1], "reason": r[2], "decided_by": r[3]} for r in rows}
+
     def chart(self, path: Path) -> Path | None:
-        """Render the report chart through ``otel-guard report --chart``'s code; None if absent."""
-        try:
-            from guard.cli import _report as report_cli
-        except ImportError:  # pragma: no cover - the report command is part of the package
+        """Draw the report chart with the code behind ``otel-guard report --chart``."""
+        if getattr(self, "_report", None) is None:
             return None
-        writer = getattr(report_cli, "write_chart", None)
-        if writer is None or getattr(self, "_report", None) is None:
-            return None
-        writer(self._report, path)
+        from guard.store._chart import draw_chart
+
+        draw_chart(self._report, path, bucket_s=60)
         return path if path.exists() else None
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ lines and prints the status only every couple of seconds, when it changed.
 
 from __future__ import annotations
 
+import shutil
 import time
 from typing import Any, TextIO
 
@@ -20,6 +21,20 @@ _STATUS_STYLE = {
     "failed": ("✗", "red"),
     "cancelled": ("⊘", "yellow"),
 }
+
+# Reasons whose directives are about a budget, so "NN% of <metric>" means something.
+_BUDGET_REASONS = {
+    "max_steps",
+    "max_tool_calls",
+    "deadline",
+    "token_budget",
+    "cost_budget",
+    "tenant_budget",
+}
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def fmt_usd(value: float | None) -> str:
@@ -64,7 +79,12 @@ class Live:
     def status(self, text: str) -> None:
         """Update the status line (in place on a TTY, else at most every 2 s when changed)."""
         if self.tty:
-            self._status = self.style(f"{self._clock()}  {text}", "cyan")
+            # A wrapped status line cannot be redrawn in place: keep it to the terminal width.
+            width = shutil.get_terminal_size((120, 24)).columns
+            plain = f"{self._clock()}  {text}"
+            if len(plain) >= width:
+                plain = plain[: max(width - 2, 10)] + "…"
+            self._status = self.style(plain, "cyan")
             self.stream.write("\r\x1b[K" + self._status)
             self.stream.flush()
             return
@@ -97,7 +117,7 @@ class Live:
             f"  by {by}"
         )
         if status != "completed" and outcome.get("message"):
-            text += self.style(f"  {str(outcome['message'])[:70]}", "dim")
+            text += self.style(f"  {_clip(str(outcome['message']), 72)}", "dim")
         self.line(text)
 
     def decision(self, record: Any) -> None:
@@ -105,12 +125,14 @@ class Live:
         colour = {"warn": "yellow", "wrap_up": "yellow"}.get(action, "red")
         who = f"{getattr(record, 'tenant', '?')}/{getattr(record, 'agent', '?')}"
         util = getattr(record, "utilisation", None)
-        util_s = f" {util:.0%} of {record.metric}" if util is not None and record.metric else ""
+        util_s = ""
+        if util is not None and record.metric and record.reason in _BUDGET_REASONS:
+            util_s = f" {util:.0%} of {record.metric}"
         latency = getattr(record, "delivery_latency_ms", None)
         lat_s = f" (delivered in {latency:.1f} ms)" if latency is not None else ""
         by = getattr(record, "decided_by", "guard")
         self.line(
             f"{self.style('⚑', colour)} {by} {self.style(f'{action:<8}', colour)} {who:<28} "
             f"{getattr(record, 'reason', '?')}{util_s}{lat_s}"
-            + self.style(f"  {str(getattr(record, 'detail', ''))[:70]}", "dim")
+            + self.style(f"  {_clip(str(getattr(record, 'detail', '')), 72)}", "dim")
         )

@@ -195,7 +195,7 @@ async def budget_spender(n: int, *, cost_per_step_usd: float = 0.04) -> str:
 
 async def long_support(n: int, *, max_rounds: int = 400) -> str:
     """A long, healthy conversation: it is still running when the operator cancels."""
-    model = ScriptedModel("gpt-4.1-mini", seed=n, latency_s=0.25)
+    model = ScriptedModel("gpt-4.1-mini", seed=n, delta_tokens=40, latency_s=0.4)
     for i in range(max_rounds):
         with guard.step() as step:
             _record(step, await model.complete(f"customer {n} message {i}"))

@@ -8,7 +8,22 @@ from typing import Any
 from guard.demo._fleet import STAGED_REASONS
 from guard.demo._live import Live, fmt_usd
 
-__all__ = ["compare", "print_summary"]
+__all__ = ["compare", "compare_runs", "print_summary"]
+
+
+def compare_runs(
+    outcomes: list[dict[str, Any]], stored: dict[str, dict[str, str]]
+) -> list[dict[str, Any]]:
+    """Run for run: each outcome an agent observed against its row in ``otel_guard.runs``."""
+    bad = []
+    for o in outcomes:
+        seen = o["outcome"]
+        row = stored.get(seen.get("run_id", ""))
+        keys = ("status", "reason", "decided_by")
+        if row is None or any(str(seen.get(k)) != row[k] for k in keys):
+            bad.append({"run_id": seen.get("run_id"), "agents": {k: seen.get(k) for k in keys},
+                        "clickhouse": row})  # fmt: skip
+    return bad
 
 
 def compare(outcomes: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,14 +114,32 @@ def print_summary(live: Live, rows: list[dict[str, Any]], verdict: dict[str, Any
     if verdict["mismatched"]:
         live.line(
             live.style(
-                f"ClickHouse disagrees with the agents on {len(verdict['mismatched'])} "
-                "status/reason pairs (see above)",
-                "red",
+                f"The distribution differs from what the agents saw on "
+                f"{len(verdict['mismatched'])} status/reason pairs (see above)",
+                "red" if verdict["fresh_store"] else "yellow",
             ),
             stamp=False,
         )
+        if not verdict["fresh_store"]:
+            live.line(
+                "  (the data dir held earlier runs: the per-minute table includes them)",
+                stamp=False,
+            )
+    bad = verdict["run_mismatches"]
+    if bad:
+        live.line(
+            live.style(f"{len(bad)} runs are missing from otel_guard.runs or differ:", "red"),
+            stamp=False,
+        )
+        for b in bad[:10]:
+            live.line(f"  {b['run_id']}: agents {b['agents']} clickhouse {b['clickhouse']}",
+                      stamp=False)  # fmt: skip
     else:
         live.line(
-            live.style("ClickHouse matches what every agent observed, run for run ✓", "green"),
+            live.style(
+                f"ClickHouse matches what every agent observed, run for run "
+                f"({verdict['runs_checked']} runs: status, reason, decided_by) ✓",
+                "green",
+            ),
             stamp=False,
         )

@@ -55,6 +55,8 @@ def test_clickhouse_counts_match_agent_outcomes(summary: dict) -> None:
     planned = sum(p.runs for p in build_fleet(quick=True))
     assert len(summary["runs"]) == planned == sum(stored.values())
     assert summary["mismatched"] == [] and summary["errors"] == []
+    # Run for run: each agent's outcome is the row in otel_guard.runs (status, reason, by).
+    assert summary["run_mismatches"] == [] and summary["runs_checked"] == planned
 
 
 @pytest.mark.timeout(300)

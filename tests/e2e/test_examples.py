@@ -52,3 +52,29 @@ def test_openai_style_agent_local_only() -> None:
     assert "terminated loop_detected" in looping
     steps = int(looping.split(" after ")[1].split(" steps")[0])
     assert 3 <= steps <= 6, looping
+
+
+@pytest.mark.parametrize(
+    ("script", "agent", "reasons"),
+    [
+        ("async_tool_loop.py", "umbrella-advisor", ["final_answer", "loop_detected"]),
+        ("openai_style_agent.py", "refund-bot", ["final_answer", "loop_detected"]),
+    ],
+)
+def test_example_against_a_real_guard(script: str, agent: str, reasons: list[str]) -> None:
+    """With --endpoint, the guard records the same outcomes the example printed."""
+    from guard.server import MemorySink, ServerThread
+
+    sink = MemorySink()
+    with ServerThread(sink=sink) as srv:
+        proc = _run(script, "--endpoint", srv.address, "--tenant", "examples-e2e")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.splitlines()[0] == f"mode: guard at {srv.address}"
+        assert sink.wait_for(lambda s: len(s.runs) >= 2, timeout=15), sink.runs
+    runs = sorted(sink.runs, key=lambda o: o.started_at)
+    assert [str(o.reason) for o in runs] == reasons
+    assert {o.tenant for o in runs} == {"examples-e2e"}
+    assert {o.agent for o in runs} == {agent}
+    stopped = runs[1]
+    # The outcome printed by the example is the one the guard stored, counter for counter.
+    assert f"after {stopped.steps} steps, {stopped.tool_calls} tool calls" in proc.stdout
