@@ -37,14 +37,6 @@ def _kv(k, v):
 
 
 def _spans(run_id: str, tid: bytes) -> otlp.ExportTraceServiceRequest:
-    def s(name, **attrs):
-        return trace_pb2.Span(
-            name=name,
-            trace_id=tid,
-            span_id=b"\x01" * 8,
-            attributes=[_kv(k.replace("_", ".", 0), v) for k, v in attrs.items()],
-        )
-
     spans = [
         trace_pb2.Span(
             name="chat gpt-4.1",
@@ -80,7 +72,6 @@ def _spans(run_id: str, tid: bytes) -> otlp.ExportTraceServiceRequest:
             attributes=[_kv("guard.run.id", run_id), _kv("guard.step.index", 1)],
         ),
     ]
-    del s
     return otlp.ExportTraceServiceRequest(resource_spans=[{"scope_spans": [{"spans": spans}]}])
 
 

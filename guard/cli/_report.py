@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--data-dir",
-        default=os.environ.get("OTEL_GUARD_DATA_DIR", ".otel-guard"),
+        default="./.otel-guard",
         help="embedded store to open when no guard answers (default: ./.otel-guard)",
     )
     parser.add_argument(
@@ -139,16 +139,12 @@ def _from_guard(
 
 def _from_store(dsn: str | None, data_dir: str, **query: Any) -> Any:
     from guard.errors import StoreError
-    from guard.store import open_store
+    from guard.store import read_report
 
     try:
-        store = open_store(dsn, data_dir=data_dir, retention_days=None)
+        return read_report(dsn, data_dir=data_dir, **query)
     except StoreError as ex:
         raise SystemExit(f"otel-guard report: {ex}") from None
-    try:
-        return store.report(**query)
-    finally:
-        store.close()
 
 
 def _fmt(value: Any, key: str) -> str:

@@ -138,6 +138,12 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
             agent=request.agent or None,
             bucket_s=request.bucket_s or 60,
         )
+        try:  # the store's own conversion keeps its conventions (unknown -> NaN)
+            from guard.store import report_to_pb
+
+            return report_to_pb(result)
+        except ImportError:
+            pass
         rows = getattr(result, "rows", None) or []
         series = getattr(result, "series", None) or []
         return pb.ReportResponse(

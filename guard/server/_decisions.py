@@ -47,6 +47,22 @@ def _reason_of(d: Decision) -> str:
     return r.value if r is not None else ""
 
 
+def _forecast_due(run: RunState, limits: Any) -> bool:
+    """Cheap gate before the (costlier) forecast: is the budget left within a few steps?
+
+    Two more steps cost at most about 2·(last step) + 3·D; with D below a step's cost, four
+    last steps bound that generously. Far from the limit the fit cannot say "within two
+    steps", so it is skipped.
+    """
+    span = FORECAST_HORIZON_STEPS + 2
+    tokens = limits.max_tokens
+    if tokens is not None and tokens - run.tokens_used <= span * max(run.last_step_tokens, 1):
+        return True
+    cost = limits.max_cost_usd
+    step_cost = run.last_step_cost
+    return cost is not None and step_cost > 0 and cost - run.cost_used <= span * step_cost
+
+
 class Decisions:
     """Decision routing (mixin; expects the Registry's attributes)."""
 
@@ -145,7 +161,7 @@ class Decisions:
 
     def forecast(self, run: RunState, step_index: int) -> None:
         limits = run.budget.limits
-        if run.forecast_warned or (limits.max_tokens is None and limits.max_cost_usd is None):
+        if run.forecast_warned or not _forecast_due(run, limits):
             return
         price = self.config.prices.models.get(run.model) if run.model else None
         per_token = price.input / 1e6 if price is not None else None
@@ -208,9 +224,6 @@ class Decisions:
                 self.stop_run(run, Reason.OPERATOR_CANCEL, detail, None, None, DecidedBy.OPERATOR)
         return ids
 
-    # provided by Registry
-    def end_run(self, run, status, reason, message, decided_by):  # pragma: no cover
-        raise NotImplementedError
-
-    def get(self, run_id: str) -> RunState:  # pragma: no cover
-        raise NotImplementedError
+    # provided by Registry / Lifecycle
+    end_run: Any
+    get: Any

@@ -14,13 +14,38 @@ counters are negative, NaN or of the wrong type is *rejected* (reported back thr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 __all__ = [
+    "ACTION_FP",
+    "AGENT",
+    "ATTEMPTS",
+    "CACHED",
+    "COST",
+    "FOREIGN",
+    "IN",
+    "KIND",
     "KIND_MODEL",
     "KIND_RUN",
     "KIND_STEP",
     "KIND_TOOL",
+    "MODEL",
+    "OUT",
+    "PARENT_RUN",
+    "PARENT_SPAN_ID",
+    "PROGRESS",
+    "REASONING",
+    "RESP_ID",
+    "RESULT_HASH",
+    "RUN_ID",
+    "SPAN_ID",
+    "STATE_HASH",
+    "STEP_INDEX",
+    "STOP_REASON",
+    "STOP_STATUS",
+    "TENANT",
+    "TOOL_NAME",
+    "TRACE_ID",
     "Decoded",
     "Observation",
     "decode_request",
@@ -35,41 +60,54 @@ KIND_TOOL = 4  # a tool call (``execute_tool {tool}``)
 _MAX_ID_CHARS = 256  # run ids, tenants, hashes: anything longer is not ours
 _MAX_COUNTER = 1 << 40  # ~1e12 tokens in one call is an attack or a bug, not usage
 
-# Attribute slots. Values land in a per-span list indexed by these numbers.
+# Observation layout: one flat list per span (a list copy is far cheaper than an object with
+# thirty attributes). Indices 0..25 are attribute slots, the rest are span fields.
 (
-    _RUN_ID,
-    _PARENT_RUN,
-    _TENANT,
-    _OP,
-    _AGENT,
-    _MODEL,
-    _RESP_MODEL,
-    _IN,
-    _OUT,
-    _CACHED,
-    _REASONING,
-    _COST,
-    _RESP_ID,
-    _STEP_INDEX,
-    _PROGRESS,
-    _STATE_HASH,
-    _ACTION_FP,
-    _RESULT_HASH,
-    _ATTEMPTS,
-    _TOOL_NAME,
-    _ERROR,
-    _STOP_STATUS,
-    _STOP_REASON,
-    _USAGE_STEPS,
-    _USAGE_TOOLS,
-    _CACHE_CREATION,
-) = range(26)
-_NSLOTS = 26
+    RUN_ID,
+    PARENT_RUN,
+    TENANT,
+    OP,
+    AGENT,
+    MODEL,
+    RESP_MODEL,
+    IN,
+    OUT,
+    CACHED,
+    REASONING,
+    COST,
+    RESP_ID,
+    STEP_INDEX,
+    PROGRESS,
+    STATE_HASH,
+    ACTION_FP,
+    RESULT_HASH,
+    ATTEMPTS,
+    TOOL_NAME,
+    ERROR,
+    STOP_STATUS,
+    STOP_REASON,
+    USAGE_STEPS,
+    USAGE_TOOLS,
+    CACHE_CREATION,
+    KIND,
+    FOREIGN,
+    TRACE_ID,
+    SPAN_ID,
+    PARENT_SPAN_ID,
+) = range(31)
+_NSLOTS = 31
+_TEMPLATE = [None] * _NSLOTS
+# private aliases used below
+_RUN_ID, _PARENT_RUN, _TENANT, _OP, _AGENT, _MODEL, _RESP_MODEL = range(7)
+_IN, _OUT, _CACHED, _REASONING, _COST, _RESP_ID, _STEP_INDEX, _PROGRESS = range(7, 15)
+_STATE_HASH, _ACTION_FP, _RESULT_HASH, _ATTEMPTS, _TOOL_NAME, _ERROR = range(15, 21)
+_STOP_STATUS, _STOP_REASON, _USAGE_STEPS, _USAGE_TOOLS, _CACHE_CREATION = range(21, 26)
 
 _STR, _INT, _FLOAT, _BOOL, _HEX = 0, 1, 2, 3, 4
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
+_INF = math.inf
 
-# key -> (slot, type). Several spellings share one slot; the first one seen on a span wins.
+# key -> (slot, type). Several spellings share one slot.
 _KEYS: dict[str, tuple[int, int]] = {
     "guard.run.id": (_RUN_ID, _STR),
     "guard.parent_run.id": (_PARENT_RUN, _STR),
@@ -101,9 +139,9 @@ _KEYS: dict[str, tuple[int, int]] = {
     "gen_ai.response.id": (_RESP_ID, _STR),
     "guard.step.index": (_STEP_INDEX, _INT),
     "guard.progress": (_PROGRESS, _BOOL),
-    "guard.state.hash": (_STATE_HASH, _HEX),
-    "guard.action.fingerprint": (_ACTION_FP, _HEX),
-    "guard.result.hash": (_RESULT_HASH, _HEX),
+    "guard.state.hash": (_STATE_HASH, _STR),  # only compared, never stored
+    "guard.action.fingerprint": (_ACTION_FP, _HEX),  # stored: must be a digest
+    "guard.result.hash": (_RESULT_HASH, _STR),  # only compared, never stored
     "guard.tool.attempts": (_ATTEMPTS, _INT),
     "gen_ai.tool.name": (_TOOL_NAME, _STR),
     "error.type": (_ERROR, _STR),
@@ -121,43 +159,56 @@ _MODEL_OPS = frozenset(
 _NOT_A_CALL = frozenset({"invoke_agent", "create_agent", "execute_tool", "invoke_workflow"})
 
 
-class Observation:
-    """What one span means for a guarded run. Unset fields are ``None`` / 0 / ``""``."""
+_FIELDS = {
+    "run_id": RUN_ID,
+    "parent_run_id": PARENT_RUN,
+    "tenant": TENANT,
+    "operation": OP,
+    "agent": AGENT,
+    "model": MODEL,
+    "input_tokens": IN,
+    "output_tokens": OUT,
+    "cached_tokens": CACHED,
+    "reasoning_tokens": REASONING,
+    "cost_usd": COST,
+    "response_id": RESP_ID,
+    "step_index": STEP_INDEX,
+    "progress": PROGRESS,
+    "state_hash": STATE_HASH,
+    "action_fp": ACTION_FP,
+    "result_hash": RESULT_HASH,
+    "attempts": ATTEMPTS,
+    "tool_name": TOOL_NAME,
+    "error": ERROR,
+    "stop_status": STOP_STATUS,
+    "stop_reason": STOP_REASON,
+    "total_steps": USAGE_STEPS,
+    "total_tool_calls": USAGE_TOOLS,
+    "kind": KIND,
+    "foreign": FOREIGN,
+    "trace_id": TRACE_ID,
+    "span_id": SPAN_ID,
+    "parent_span_id": PARENT_SPAN_ID,
+}
 
-    __slots__ = (
-        "action_fp",
-        "agent",
-        "attempts",
-        "cached_tokens",
-        "cost_usd",
-        "error",
-        "foreign",
-        "input_tokens",
-        "kind",
-        "model",
-        "output_tokens",
-        "parent_run_id",
-        "parent_span_id",
-        "progress",
-        "reasoning_tokens",
-        "response_id",
-        "result_hash",
-        "run_id",
-        "span_id",
-        "state_hash",
-        "step_index",
-        "stop_reason",
-        "stop_status",
-        "tenant",
-        "tool_name",
-        "total_steps",
-        "total_tool_calls",
-        "trace_id",
-    )
+
+class Observation(list):
+    """What one span means for a guarded run: a flat list indexed by the constants above.
+
+    The hot path indexes it (``o[IN]``); everyone else reads named properties
+    (``o.input_tokens``). Unset attributes are ``None``; counters of model spans are 0.
+    """
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        fields = ", ".join(f"{k}={self[i]!r}" for k, i in _FIELDS.items() if self[i] is not None)
         return f"Observation({fields})"
+
+
+for _name, _index in _FIELDS.items():
+    setattr(Observation, _name, property(lambda self, _i=_index: self[_i]))
+del _name, _index
 
 
 class Decoded:
@@ -222,11 +273,11 @@ def _value(v, typ: int):
     raise _Bad(f"expected a bool, got {which}")
 
 
-def _observe(span, vals: list) -> Observation | None:
-    run_id = vals[_RUN_ID]
-    op = vals[_OP]
+def _observe(span, o: Observation) -> Observation | None:
+    run_id = o[_RUN_ID]
+    op = o[_OP]
     name = span.name
-    has_tokens = vals[_IN] is not None or vals[_OUT] is not None
+    has_tokens = o[_IN] is not None or o[_OUT] is not None
     if run_id:
         if name == "guard.step":
             kind = KIND_STEP
@@ -234,81 +285,84 @@ def _observe(span, vals: list) -> Observation | None:
             kind = KIND_RUN
         elif op == "execute_tool" or name.startswith("execute_tool"):
             kind = KIND_TOOL
+            if o[_TOOL_NAME] is None and name.startswith("execute_tool "):
+                o[_TOOL_NAME] = name[13:]
+            if span.status.code == 2:  # STATUS_CODE_ERROR
+                o[_ERROR] = o[_ERROR] or "error"
         elif has_tokens or op in _MODEL_OPS:
             kind = KIND_MODEL
         else:
             return None
-        foreign = False
+        o[FOREIGN] = False
     elif has_tokens and op not in _NOT_A_CALL:
         kind = KIND_MODEL
-        foreign = True
+        o[FOREIGN] = True
     else:
         return None
-    o = Observation()
-    o.kind = kind
-    o.foreign = foreign
-    o.run_id = run_id or ""
-    o.trace_id = span.trace_id
-    o.span_id = span.span_id
-    o.parent_span_id = span.parent_span_id
-    o.tenant = vals[_TENANT] or ""
-    o.agent = vals[_AGENT] or ""
-    o.parent_run_id = vals[_PARENT_RUN] or ""
-    o.model = vals[_MODEL] or vals[_RESP_MODEL] or ""
-    o.response_id = vals[_RESP_ID] or ""
-    o.input_tokens = vals[_IN] or 0
-    o.output_tokens = vals[_OUT] or 0
-    o.cached_tokens = vals[_CACHED] or 0
-    o.reasoning_tokens = vals[_REASONING] or 0
-    o.cost_usd = vals[_COST]
-    o.step_index = vals[_STEP_INDEX] or 0
-    o.progress = vals[_PROGRESS]
-    o.state_hash = vals[_STATE_HASH]
-    o.action_fp = vals[_ACTION_FP]
-    o.result_hash = vals[_RESULT_HASH]
-    o.attempts = vals[_ATTEMPTS]
-    o.tool_name = vals[_TOOL_NAME] or (name[13:] if name.startswith("execute_tool ") else "")
-    o.error = vals[_ERROR] is not None or span.status.code == 2  # STATUS_CODE_ERROR
-    o.stop_status = vals[_STOP_STATUS] or ""
-    o.stop_reason = vals[_STOP_REASON] or ""
-    o.total_steps = vals[_USAGE_STEPS]
-    o.total_tool_calls = vals[_USAGE_TOOLS]
-    if o.cached_tokens > o.input_tokens and kind == KIND_MODEL and not foreign:
-        raise _Bad(
-            f"gen_ai.usage.cache_read.input_tokens {o.cached_tokens} exceeds "
-            f"input_tokens {o.input_tokens}"
-        )
+    if kind == KIND_MODEL:
+        if o[_MODEL] is None:
+            o[_MODEL] = o[_RESP_MODEL] or ""
+        inp = o[_IN] or 0
+        o[_IN] = inp
+        o[_OUT] = o[_OUT] or 0
+        cached = o[_CACHED] or 0
+        o[_CACHED] = cached
+        o[_REASONING] = o[_REASONING] or 0
+        if cached > inp and run_id:
+            raise _Bad(f"gen_ai.usage.cache_read.input_tokens {cached} exceeds input_tokens {inp}")
+    o[KIND] = kind
+    o[TRACE_ID] = span.trace_id
+    o[SPAN_ID] = span.span_id
+    o[PARENT_SPAN_ID] = span.parent_span_id
     return o
 
 
-def decode_spans(spans: Iterable, out: Decoded | None = None) -> Decoded:
-    """Decode OTLP ``Span`` messages (any iterable) into ``out`` and return it."""
+def decode_spans(spans: Sequence, out: Decoded | None = None) -> Decoded:
+    """Decode a sequence of OTLP ``Span`` messages into ``out`` and return it."""
     out = out if out is not None else Decoded()
     append = out.observations.append
     get = _KEYS_GET
+    template = _TEMPLATE
+    hexchars = _HEXCHARS.issuperset
+    out.spans += len(spans)
     for span in spans:
-        out.spans += 1
-        vals = None
+        o = None
         try:
             for kv in span.attributes:
                 hit = get(kv.key)
                 if hit is None:
                     continue
-                if vals is None:
-                    vals = [None] * _NSLOTS
-                slot, typ = hit
-                if vals[slot] is None:
-                    vals[slot] = _value(kv.value, typ)
-            if vals is None:
+                if o is None:
+                    o = Observation(template)
+                slot, typ = hit  # two spellings on one span: the last one wins
+                v = kv.value
+                # Fast paths read the expected field directly; a zero/empty/odd value falls
+                # through to _value, which checks the oneof and says what is wrong.
+                if typ == _INT:
+                    n = v.int_value
+                    o[slot] = n if 0 < n <= _MAX_COUNTER else _value(v, typ)
+                elif typ == _STR:
+                    x = v.string_value
+                    o[slot] = x if x and len(x) <= _MAX_ID_CHARS else _value(v, typ)
+                elif typ == _HEX:
+                    x = v.string_value
+                    ok = x and len(x) <= 64 and hexchars(x)
+                    o[slot] = x if ok else _value(v, typ)
+                elif typ == _FLOAT:
+                    d = v.double_value
+                    o[slot] = d if 0.0 < d < _INF else _value(v, typ)
+                else:
+                    o[slot] = True if v.bool_value else _value(v, typ)
+            if o is None:
                 continue  # no attribute we care about: not ours, not GenAI
-            obs = _observe(span, vals)
+            o = _observe(span, o)
         except _Bad as exc:
             out.rejected += 1
             if len(out.errors) < 5:
                 out.errors.append(f"span {span.name[:64]!r}: {exc}")
             continue
-        if obs is not None:
-            append(obs)
+        if o is not None:
+            append(o)
     return out
 
 

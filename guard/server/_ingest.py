@@ -1,10 +1,17 @@
 """The span path: apply decoded observations to runs, then let the policy decide.
 
-Mixed into :class:`guard.server._registry.Registry`. Order per the span contract: model span
--> record usage, decide(AFTER_MODEL_CALL); tool span -> record the call, loop.observe_action,
-decide(AFTER_TOOL_BATCH); step span -> record_step, loop.end_step, decide(BEFORE_STEP) and the
-forecast; run span -> nothing while the agent's stream is up (RunEnded carries the outcome),
-else its stop attributes end the run.
+Mixed into :class:`guard.server._registry.Registry`. Per the span contract: a model span
+records usage (AFTER_MODEL_CALL); a tool span records the call and feeds
+``loop.observe_action`` (AFTER_TOOL_BATCH); a step span records the step, feeds
+``loop.end_step`` and the forecaster (BEFORE_STEP); a run span does nothing while the
+agent's stream is up (RunEnded carries the outcome), else its stop attributes end the run.
+
+Batching (the issue's "batch work per request"): usage is recorded span by span, but each
+run touched by a request is *decided* once, after all of that request's spans for it, with
+the phase of its last span and the strongest loop verdict it produced; tenant usage is summed
+per request and added to the rolling windows once. Limits only grow tighter as usage grows,
+so this finds the same stops; it saves one policy evaluation per span. With the SDK's
+low-latency export a request usually holds one step, so decisions stay per step.
 
 Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trace. A model
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
@@ -14,8 +21,38 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard.policy import DecidedBy, Phase, Reason, Status, Usage
-from guard.server._decode import KIND_MODEL, KIND_RUN, KIND_STEP, KIND_TOOL
+from guard.policy import Action, DecidedBy, Phase, Reason, Status, Usage
+from guard.server._decode import (
+    ACTION_FP,
+    AGENT,
+    ATTEMPTS,
+    CACHED,
+    COST,
+    FOREIGN,
+    IN,
+    KIND,
+    KIND_MODEL,
+    KIND_RUN,
+    KIND_STEP,
+    KIND_TOOL,
+    MODEL,
+    OUT,
+    PARENT_RUN,
+    PARENT_SPAN_ID,
+    PROGRESS,
+    REASONING,
+    RESP_ID,
+    RESULT_HASH,
+    RUN_ID,
+    SPAN_ID,
+    STATE_HASH,
+    STEP_INDEX,
+    STOP_REASON,
+    STOP_STATUS,
+    TENANT,
+    TOOL_NAME,
+    TRACE_ID,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
@@ -27,6 +64,7 @@ __all__ = ["Ingest"]
 _AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
 _BEFORE_STEP = Phase.BEFORE_STEP
+_RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
 
 
 class Ingest:
@@ -50,48 +88,82 @@ class Ingest:
         runs_get = self.runs.get
         trace_get = self.by_trace.get
         scope = principal.tenant
+        # run -> [phase of its last span, strongest loop verdict]; tenant -> summed usage
+        touched: dict[RunState, list[Any]] = {}
+        spent: dict[str, Usage] = {}
+        last_id: str | None = None  # consecutive spans mostly belong to the same run
+        run: Any = None
         for o in decoded.observations:
-            if o.run_id:
-                run = runs_get(o.run_id)
+            run_id = o[RUN_ID]
+            if run_id and run_id == last_id:
+                pass
+            elif run_id:
+                run = runs_get(run_id)
+                last_id = None
                 if run is None:
-                    if o.run_id in self.ended:
+                    if run_id in self.ended:
                         stats["late_spans"] += 1
                         continue
-                    if o.kind == KIND_RUN:
+                    if o[KIND] == KIND_RUN:
                         continue  # the end of a run we never tracked: nothing to decide
                     run = self._implicit(o, principal)
                     if run is None:
                         rejected += 1
                         if len(errors) < 5:
-                            errors.append(
-                                f"run {o.run_id[:64]!r}: guard at capacity "
-                                f"({len(self.runs)} tracked runs)"
-                            )
+                            errors.append(f"run {run_id[:64]!r}: not admitted (capacity/tenant)")
                         continue
+                last_id = run_id
             else:
-                run = trace_get(o.trace_id)
+                last_id = None
+                run = trace_get(o[TRACE_ID])
                 if run is None:
                     continue  # a GenAI span outside any guarded run: not ours to count
             if scope is not None and run.tenant != scope:
                 rejected += 1
                 if len(errors) < 5:
-                    errors.append(f"run {o.run_id[:64]!r} belongs to another tenant")
+                    errors.append(f"run {run_id[:64]!r} belongs to another tenant")
                 continue
-            kind = o.kind
+            usage = spent.get(run.tenant)
+            if usage is None:
+                usage = spent[run.tenant] = Usage()
+            kind = o[KIND]
             try:
                 if kind == KIND_MODEL:
-                    self._model(run, o)
+                    if not self._model(run, o, usage):
+                        continue
+                    phase, verdict = _AFTER_MODEL, None
                 elif kind == KIND_TOOL:
-                    self._tool(run, o)
+                    phase, verdict = _AFTER_TOOLS, self._tool(run, o, usage)
                 elif kind == KIND_STEP:
-                    self._step(run, o)
+                    phase, verdict = _BEFORE_STEP, self._step(run, o, usage)
                 else:
                     self._run_span(run, o)
+                    last_id = None  # the run may have ended: look it up again
+                    continue
             except ValueError as exc:  # InvalidInput from the budget: the span is refused
                 rejected += 1
                 if len(errors) < 5:
                     errors.append(str(exc))
+                continue
+            entry = touched.get(run)
+            if entry is None:
+                touched[run] = [phase, verdict]
+            else:
+                entry[0] = phase
+                if verdict is not None and (
+                    entry[1] is None or _RANK[verdict.level] > _RANK[entry[1].level]
+                ):
+                    entry[1] = verdict
         stats["rejected_spans"] += rejected - decoded.rejected
+        for tenant, usage in spent.items():
+            td = self.tenants.record(tenant, usage)
+            if td.stop:
+                self.tenant_cut(tenant, td)
+        if touched:
+            now = self.clock()
+            for run, (phase, verdict) in touched.items():
+                run.touched_at = now
+                self._decide(run, phase, verdict)
         return rejected, errors
 
     def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
@@ -99,100 +171,98 @@ class Ingest:
         if len(self.runs) >= self.max_runs and not self._make_room():
             self.stats["capacity_rejections"] += 1
             return None
-        tenant = o.tenant or (principal.tenant or "")
+        tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
             return None
         return self._new_run(
-            o.run_id,
+            o[RUN_ID],
             tenant=tenant,
-            agent=o.agent,
-            parent_run_id=o.parent_run_id,
-            trace=o.trace_id,
+            agent=o[AGENT] or "",
+            parent_run_id=o[PARENT_RUN] or "",
+            trace=o[TRACE_ID],
             started_at=0.0,
             limits=self.config.effective_limits(None),
             session=None,
             admitted=False,
         )
 
-    def _model(self, run: RunState, o: Observation) -> None:
+    def _model(self, run: RunState, o: Observation, usage: Usage) -> bool:
         seen = run.seen
-        if o.foreign or o.response_id or seen is not None:
+        resp = o[RESP_ID]
+        foreign = o[FOREIGN]
+        if foreign or resp or seen is not None:
             seen = run.seen_calls()
-            if seen.duplicate(o.span_id, o.parent_span_id, o.response_id):
+            if seen.duplicate(o[SPAN_ID], o[PARENT_SPAN_ID], resp):
                 self.stats["duplicate_model_calls"] += 1
-                return
-            seen.add(o.span_id, o.parent_span_id if o.foreign else b"", o.response_id)
-            if o.foreign:
+                return False
+            seen.add(o[SPAN_ID], o[PARENT_SPAN_ID] if foreign else b"", resp)
+            if foreign:
                 self.stats["foreign_model_calls"] += 1
-        cost = o.cost_usd
-        if cost is None and o.model:
+        inp, out, cached, reasoning = o[IN], o[OUT], o[CACHED], o[REASONING]
+        model = o[MODEL]
+        cost = o[COST]
+        if cost is None and model:
             cost = self.config.prices.cost_usd(
-                o.model,
-                input_tokens=o.input_tokens,
-                output_tokens=o.output_tokens,
-                cached_tokens=o.cached_tokens,
+                model, input_tokens=inp, output_tokens=out, cached_tokens=cached
             )
-        budget = run.budget
-        budget.record_model_call(
-            input_tokens=o.input_tokens,
-            output_tokens=o.output_tokens,
-            reasoning_tokens=o.reasoning_tokens,
-            cached_tokens=o.cached_tokens,
+        run.budget.record_model_call(
+            input_tokens=inp,
+            output_tokens=out,
+            reasoning_tokens=reasoning,
+            cached_tokens=cached,
             cost_usd=cost,
         )
-        run.step_input_tokens += o.input_tokens
-        if o.model:
-            run.model = o.model
-        td = self.tenants.record(
-            run.tenant,
-            Usage(
-                model_calls=1,
-                input_tokens=o.input_tokens,
-                output_tokens=o.output_tokens,
-                reasoning_tokens=o.reasoning_tokens,
-                cached_tokens=o.cached_tokens,
-                cost_usd=cost,
-            ),
-        )
-        if td.stop:
-            self.tenant_cut(run.tenant, td)
-        self._decide(run, _AFTER_MODEL, None)
+        run.step_input_tokens += inp
+        run.step_tokens += inp + out
+        run.tokens_used += inp + out
+        if cost is not None:
+            run.step_cost += cost
+            run.cost_used += cost
+        if model:
+            run.model = model
+        usage.model_calls += 1
+        usage.input_tokens += inp
+        usage.output_tokens += out
+        usage.reasoning_tokens += reasoning
+        usage.cached_tokens += cached
+        if cost is not None:
+            usage.cost_usd = (usage.cost_usd or 0.0) + cost
+        return True
 
-    def _tool(self, run: RunState, o: Observation) -> None:
-        attempts = o.attempts if o.attempts else 1
+    def _tool(self, run: RunState, o: Observation, usage: Usage) -> Any:
+        attempts = o[ATTEMPTS] or 1
         run.budget.record_tool_calls(1, attempts=attempts)
         run.step_tools += 1
-        if o.tool_name:
-            run.last_tool = o.tool_name
-        verdict = None
-        if o.action_fp:
-            run.last_action_hash = o.action_fp
-            verdict = run.loop.observe_action(o.action_fp, o.result_hash)
-        td = self.tenants.record(run.tenant, Usage(tool_calls=1, tool_attempts=attempts))
-        if td.stop:
-            self.tenant_cut(run.tenant, td)
-        self._decide(run, _AFTER_TOOLS, verdict)
+        usage.tool_calls += 1
+        usage.tool_attempts += attempts
+        if o[TOOL_NAME]:
+            run.last_tool = o[TOOL_NAME]
+        fp = o[ACTION_FP]
+        if fp:
+            run.last_action_hash = fp
+            return run.loop.observe_action(fp, o[RESULT_HASH])
+        return None
 
-    def _step(self, run: RunState, o: Observation) -> None:
+    def _step(self, run: RunState, o: Observation, usage: Usage) -> Any:
         run.budget.record_step()
+        usage.steps += 1
         verdict = run.loop.end_step(
-            state=o.state_hash, progress=o.progress, acted=run.step_tools > 0
+            state=o[STATE_HASH], progress=o[PROGRESS], acted=run.step_tools > 0
         )
-        index = o.step_index or run.budget.usage().steps
+        index = o[STEP_INDEX] or run.budget.usage().steps
         run.forecaster.observe(index, run.step_input_tokens)
         run.step_input_tokens = 0
+        run.last_step_tokens, run.step_tokens = run.step_tokens, 0
+        run.last_step_cost, run.step_cost = run.step_cost, 0.0
         run.step_tools = 0
-        td = self.tenants.record(run.tenant, Usage(steps=1))
-        if td.stop:
-            self.tenant_cut(run.tenant, td)
-        self._decide(run, _BEFORE_STEP, verdict)
-        if run.stop_reason is None:
-            self.forecast(run, index)
+        run.last_step = index
+        return verdict
 
     def _decide(self, run: RunState, phase: Phase, verdict: Any) -> None:
-        run.touched_at = self.clock()
         if run.stop_reason is None:
             self.act(run, run.budget.decide(phase=phase, loop=verdict), verdict)
+            if run.stop_reason is None and phase is _BEFORE_STEP:
+                self.forecast(run, run.last_step)
         parent = run.parent
         while parent is not None:  # nested runs spend their parents' budgets too
             if parent.stop_reason is None and parent.run_id in self.runs:
@@ -203,8 +273,8 @@ class Ingest:
         if run.connected:
             return  # RunEnded over the stream is the record
         try:
-            status = Status(o.stop_status) if o.stop_status else Status.COMPLETED
-            reason = Reason(o.stop_reason) if o.stop_reason else Reason.FINAL_ANSWER
+            status = Status(o[STOP_STATUS]) if o[STOP_STATUS] else Status.COMPLETED
+            reason = Reason(o[STOP_REASON]) if o[STOP_REASON] else Reason.FINAL_ANSWER
         except ValueError:
             status, reason = Status.FAILED, Reason.ERROR
         if run.stop_by is not None and reason in (Reason.OPERATOR_CANCEL, run.stop_reason):

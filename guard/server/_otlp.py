@@ -8,21 +8,44 @@ the OTLP ``partial_success`` field, the standard way to say "some of these were 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
-from guard.errors import AuthError, GuardUnavailable, InvalidInput
-from guard.server._decode import decode_request
+from guard.errors import GuardError, GuardUnavailable, InvalidInput
+from guard.server._decode import Decoded, decode_spans
 from guard.server._status import abort_for
 
-__all__ = ["SERVICE_NAME", "trace_service_handler"]
+__all__ = ["CHUNK_SPANS", "SERVICE_NAME", "trace_service_handler"]
+
+CHUNK_SPANS = 2048  # spans applied between two yields to the event loop
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 _OK = otlp.ExportTraceServiceResponse().SerializeToString()
 _parse = otlp.ExportTraceServiceRequest.FromString
+
+
+def _chunks(request: Any) -> Iterator[list[Any]]:
+    """Group the request's span lists into chunks of about CHUNK_SPANS spans."""
+    chunk: list[Any] = []
+    size = 0
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            spans = ss.spans
+            n = len(spans)
+            for start in range(0, n, CHUNK_SPANS) if n > CHUNK_SPANS else (0,):
+                part = spans[start : start + CHUNK_SPANS] if n > CHUNK_SPANS else spans
+                chunk.append(part)
+                size += min(n - start, CHUNK_SPANS)
+                if size >= CHUNK_SPANS:
+                    yield chunk
+                    chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
@@ -44,9 +67,19 @@ def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
                 raise InvalidInput(
                     f"malformed OTLP ExportTraceServiceRequest ({len(data)} bytes): {exc}"
                 ) from None
-            decoded = decode_request(request)
-            rejected, errors = registry.ingest(decoded, principal)
-        except (AuthError, InvalidInput, GuardUnavailable) as exc:
+            rejected, errors = 0, []
+            # A large request is applied in chunks with a yield in between, so one 16 MiB
+            # batch cannot hold the event loop (and every cancel behind it) for long.
+            for chunk in _chunks(request):
+                decoded = Decoded()
+                for spans in chunk:
+                    decode_spans(spans, decoded)
+                r, e = registry.ingest(decoded, principal)
+                rejected += r
+                errors.extend(e[: max(0, 5 - len(errors))])
+                if len(chunk) > 1 or decoded.spans >= CHUNK_SPANS:
+                    await asyncio.sleep(0)
+        except GuardError as exc:
             await abort_for(context, exc)
         if not rejected:
             return _OK

@@ -7,12 +7,12 @@ period, or an operator cancel of a run whose agent cannot be reached. Every way 
 exactly one ``Outcome`` to the sink (``_ended`` de-duplicates by run id).
 
 The registry lives on the server's event loop; nothing here blocks or awaits. The span path
-(``_ingest.Ingest``) and the decision path (``_decisions.Decisions``) are mixed in.
+(``_ingest.Ingest``), the decision path (``_decisions.Decisions``) and the ways out
+(``_lifecycle.Lifecycle``) are mixed in.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,20 +20,20 @@ from typing import Any
 
 from guard.errors import InvalidInput
 from guard.policy import (
+    Budget,
     DecidedBy,
     Forecaster,
     Limits,
     LoopDetector,
-    Outcome,
     PolicyConfig,
     Reason,
     SoftLevel,
-    Status,
 )
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import Ingest
+from guard.server._lifecycle import Lifecycle
 from guard.server._state import RunState
 from guard.server._status import UnknownRun
 from guard.server._tenants import Tenants
@@ -44,8 +44,6 @@ from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
 __all__ = ["Registry"]
 
 _MAX_ID = 256
-_ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
-SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
 
 
 def _trace_bytes(hex_id: str) -> bytes:
@@ -60,7 +58,7 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
-class Registry(Ingest, Decisions):
+class Registry(Ingest, Decisions, Lifecycle):
     """Per-run state for one guard process."""
 
     def __init__(
@@ -107,7 +105,14 @@ class Registry(Ingest, Decisions):
             raise InvalidInput(f"run_id has {len(run_id)} chars (max {_MAX_ID})")
 
     def _deny(
-        self, session: AgentSession, rs: pb.RunStarted, tenant: str, reason: str, detail: str
+        self,
+        session: AgentSession,
+        rs: pb.RunStarted,
+        tenant: str,
+        reason: str,
+        detail: str,
+        util: float | None = None,
+        metric: str | None = None,
     ) -> None:
         self.stats["denied"] += 1
         record = DecisionRecord(
@@ -118,6 +123,8 @@ class Registry(Ingest, Decisions):
             action="deny",
             reason=reason,
             detail=detail,
+            utilisation=util,
+            metric=metric,
         )
         session.directive(
             "deny",
@@ -125,8 +132,8 @@ class Registry(Ingest, Decisions):
             request_id=rs.request_id,
             reason=reason,
             detail=detail,
-            utilisation=None,
-            metric=None,
+            utilisation=util,
+            metric=metric,
             record=record,
         )
 
@@ -182,7 +189,15 @@ class Registry(Ingest, Decisions):
             return
         verdict = self.tenants.admit(tenant)
         if verdict.stop and not restoring:
-            self._deny(session, rs, tenant, Reason.TENANT_BUDGET.value, verdict.message)
+            self._deny(
+                session,
+                rs,
+                tenant,
+                Reason.TENANT_BUDGET.value,
+                verdict.message,
+                verdict.utilisation,
+                verdict.metric,
+            )
             return
         effective = self.config.effective_limits(requested)
         run = self._new_run(
@@ -195,6 +210,7 @@ class Registry(Ingest, Decisions):
             limits=effective,
             session=session,
             admitted=not verdict.stop,
+            restoring=restoring,
         )
         if restored is not None:
             self._restore_usage(run, restored)
@@ -221,13 +237,14 @@ class Registry(Ingest, Decisions):
         limits: Limits,
         session: AgentSession | None,
         admitted: bool,
+        restoring: bool = False,
     ) -> RunState:
-        from guard.policy import Budget
-
         parent = self.runs.get(parent_run_id) if parent_run_id else None
-        age = time.time() - started_at
+        # Re-registered after a reconnect: the deadline clock resumes from the agent's start
+        # time (only then: for new runs, agent/guard clock skew must not eat the deadline).
+        age = time.time() - started_at if restoring else 0.0
         kw: dict[str, Any] = {}
-        if age > 1.0:  # re-registered after a restart: keep the deadline clock honest
+        if age > 1.0:
             base = self.clock
 
             def clock(base: Callable[[], float] = base, age: float = age) -> float:
@@ -278,6 +295,8 @@ class Registry(Ingest, Decisions):
             )
             for _ in range(min(max(0, u.model_calls - 1), 100_000)):
                 b.record_model_call()
+        run.tokens_used = u.input_tokens + u.output_tokens
+        run.cost_used = u.cost_usd or 0.0
         if u.tool_calls:
             b.record_tool_calls(u.tool_calls, attempts=max(u.tool_attempts, u.tool_calls))
         self.tenants.record(run.tenant, u)
@@ -357,106 +376,6 @@ class Registry(Ingest, Decisions):
                 run.paused = rp.paused
                 (run.budget.pause if rp.paused else run.budget.resume)()
             self.check_deadline(run)
-
-    # -- ending ----------------------------------------------------------------------------
-    def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
-        """RunEnded: the agent's outcome is the record (first one wins)."""
-        run = self.runs.get(outcome.run_id)
-        principal.check_tenant(run.tenant if run is not None else outcome.tenant)
-        if run is not None:
-            self._finish(run)
-        elif outcome.run_id in self.ended:
-            return
-        self._remember_ended(outcome.run_id)
-        self._write_run(outcome)
-
-    def end_run(
-        self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
-    ) -> Outcome:
-        """End a run on the guard's side and write its outcome."""
-        u = run.budget.usage()
-        limits = run.budget.limits
-        outcome = Outcome(
-            run_id=run.run_id,
-            status=status,
-            reason=reason,
-            message=message,
-            parent_run_id=run.parent_run_id or None,
-            tenant=run.tenant,
-            agent=run.agent,
-            trace_id=run.trace_id.hex(),
-            steps=u.steps,
-            model_calls=u.model_calls,
-            tool_calls=u.tool_calls,
-            tool_attempts=u.tool_attempts,
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            reasoning_tokens=u.reasoning_tokens,
-            cached_tokens=u.cached_tokens,
-            cost_usd=u.cost_usd,
-            elapsed_ms=int(run.budget.elapsed_s() * 1000),
-            deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
-            last_tool=run.last_tool,
-            last_action_hash=run.last_action_hash,
-            loop_hits=run.loop.hits,
-            decided_by=decided_by,
-            price_book_version=self.config.prices.version or "",
-            started_at=run.started_at,
-            ended_at=time.time(),
-        )
-        self._finish(run)
-        self._remember_ended(run.run_id)
-        self._write_run(outcome)
-        return outcome
-
-    def _write_run(self, outcome: Outcome) -> None:
-        with contextlib.suppress(Exception):
-            self.sink.write_run(outcome)
-
-    def _remember_ended(self, run_id: str) -> None:
-        self.ended[run_id] = None
-        if len(self.ended) > _ENDED_MEMORY:
-            self.ended.popitem(last=False)
-
-    def _finish(self, run: RunState) -> None:
-        self._forget(run)
-        if run.admitted:
-            self.tenants.run_ended(run.tenant)
-            run.admitted = False
-
-    def _forget(self, run: RunState) -> None:
-        rid = run.run_id
-        self.runs.pop(rid, None)
-        self.detached.pop(rid, None)
-        self.span_only.pop(rid, None)
-        ids = self.by_tenant.get(run.tenant)
-        if ids is not None:
-            ids.discard(rid)
-            if not ids:
-                del self.by_tenant[run.tenant]
-        if run.trace_id and self.by_trace.get(run.trace_id) is run:
-            del self.by_trace[run.trace_id]
-        if run.session is not None:
-            run.session.runs.discard(rid)
-
-    # -- housekeeping ----------------------------------------------------------------------
-    def sweep(self) -> None:
-        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions."""
-        now = self.clock()
-        for run in [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]:
-            self.stats["agent_lost"] += 1
-            self.end_run(
-                run,
-                Status.FAILED,
-                Reason.AGENT_LOST,
-                f"agent stream lost for {now - run.detached_at:.1f}s "
-                f"(agent_grace_s={self.grace_s:g})",
-                DecidedBy.GUARD,
-            )
-        for run in [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]:
-            self._finish(run)
-        for session in list(self.sessions):
-            session.expire(now)
 
     def get(self, run_id: str) -> RunState:
         run = self.runs.get(run_id)

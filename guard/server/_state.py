@@ -56,10 +56,14 @@ class RunState:
         "admitted",
         "agent",
         "budget",
+        "cost_used",
         "detached_at",
         "forecast_warned",
         "forecaster",
         "last_action_hash",
+        "last_step",
+        "last_step_cost",
+        "last_step_tokens",
         "last_tool",
         "loop",
         "loop_warned",
@@ -72,12 +76,15 @@ class RunState:
         "session",
         "soft",
         "started_at",
+        "step_cost",
         "step_input_tokens",
+        "step_tokens",
         "step_tools",
         "stop_by",
         "stop_detail",
         "stop_reason",
         "tenant",
+        "tokens_used",
         "touched_at",
         "trace_id",
     )
@@ -119,6 +126,14 @@ class RunState:
         self.seen: SeenCalls | None = None
         self.step_input_tokens = 0
         self.step_tools = 0
+        self.last_step = 0
+        # cheap running totals, only to decide whether the forecast is worth computing
+        self.tokens_used = 0
+        self.cost_used = 0.0
+        self.step_tokens = 0
+        self.step_cost = 0.0
+        self.last_step_tokens = 0
+        self.last_step_cost = 0.0
         self.model = ""
         self.last_tool: str | None = None
         self.last_action_hash: str | None = None

@@ -191,3 +191,16 @@ async def test_report_without_store_is_unavailable(guard):
         pytest.raises(GuardUnavailable, match=r"UNAVAILABLE.*no store attached"),
     ):
         await asyncio.to_thread(c.report)
+
+
+async def test_large_request_is_applied_in_chunks(guard):
+    agent = Agent(guard.address)
+    await agent.connect()
+    tid = trace_id_of(5)
+    await agent.start_run("big", tid)
+    spans = [model_span("big", tid, tokens_in=1, tokens_out=0) for _ in range(5000)]
+    resp = await agent.export(*spans)
+    assert resp.partial_success.rejected_spans == 0
+    usage = guard.registry.runs["big"].budget.usage()
+    assert (usage.model_calls, usage.input_tokens) == (5000, 5000)
+    await agent.close()

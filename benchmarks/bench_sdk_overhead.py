@@ -1,0 +1,256 @@
+"""SDK overhead per step: guard.step() vs the same spans through plain OpenTelemetry.
+
+One step = a ``guard.step`` span with a model-call span and a tool-call span inside it, with
+the same names and attributes on both sides, into the same TracerProvider whose processor
+hands every span to a no-op exporter. The guard side additionally runs the whole local policy:
+three decisions per step (before the step, after the model call, after the tool call), the
+HMAC fingerprints of the tool arguments and result, and the loop detector. Both sides run
+alternately in the same process; the figure is the median over rounds.
+
+    .venv/bin/python benchmarks/bench_sdk_overhead.py [--steps 2000] [--rounds 7]
+
+Prints JSON: us_per_step_guard, us_per_step_otel, ratio (goal <= 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind
+
+import guard
+from guard.sdk._config import reset
+
+
+class NullExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.count += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def guarded_steps(n: int) -> float:
+    @guard.run(agent="bench", max_steps=n + 10, max_tokens=10**12, max_tool_calls=n + 10)
+    def agent() -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            with guard.step() as step:
+                step.model_call(model="gpt-4.1", input_tokens=1200 + i, output_tokens=90)
+                step.tool_call("search", {"q": f"refund {i}", "lang": "en"}, result=i)
+                step.progress(True)
+        return time.perf_counter() - t0
+
+    return agent()
+
+
+def plain_steps(tracer: trace.Tracer, n: int) -> float:
+    """The same spans and attributes, emitted by hand (fingerprints precomputed)."""
+    run_id = "0" * 32
+    fp, rh = "a" * 32, "b" * 32
+    run_span = tracer.start_span(
+        "invoke_agent bench",
+        attributes={
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": "bench",
+            "guard.run.id": run_id,
+            "guard.tenant": "default",
+        },
+    )
+    run_ctx = trace.set_span_in_context(run_span)
+    token = otel_context.attach(run_ctx)
+    t0 = time.perf_counter()
+    for i in range(n):
+        step = tracer.start_span(
+            "guard.step",
+            context=run_ctx,
+            attributes={"guard.run.id": run_id, "guard.tenant": "default", "guard.step.index": i},
+        )
+        ctx = trace.set_span_in_context(step)
+        tok = otel_context.attach(ctx)
+        tracer.start_span(
+            "chat gpt-4.1",
+            context=ctx,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "gpt-4.1",
+                "gen_ai.usage.input_tokens": 1200 + i,
+                "gen_ai.usage.output_tokens": 90,
+                "gen_ai.usage.cache_read.input_tokens": 0,
+                "gen_ai.usage.reasoning.output_tokens": 0,
+                "guard.run.id": run_id,
+                "guard.cost.usd": 0.003,
+            },
+        ).end()
+        tracer.start_span(
+            "execute_tool search",
+            context=ctx,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search",
+                "guard.action.fingerprint": fp,
+                "guard.tool.attempts": 1,
+                "guard.run.id": run_id,
+                "guard.result.hash": rh,
+            },
+        ).end()
+        step.set_attributes({"guard.progress": True, "guard.action.fingerprint": fp})
+        step.end()
+        otel_context.detach(tok)
+    elapsed = time.perf_counter() - t0
+    run_span.set_attributes(
+        {
+            "guard.stop.status": "completed",
+            "guard.stop.reason": "final_answer",
+            "guard.usage.steps": n,
+            "guard.usage.tool_calls": n,
+        }
+    )
+    run_span.end()
+    otel_context.detach(token)
+    return elapsed
+
+
+def idiomatic_steps(tracer: trace.Tracer, n: int) -> float:
+    """The same spans written the way OpenTelemetry users usually write them: nested
+    ``start_as_current_span`` blocks and ``set_attribute`` calls (a secondary reference)."""
+    run_id = "0" * 32
+    fp, rh = "a" * 32, "b" * 32
+    with tracer.start_as_current_span("invoke_agent bench") as run_span:
+        run_span.set_attribute("gen_ai.operation.name", "invoke_agent")
+        run_span.set_attribute("guard.run.id", run_id)
+        t0 = time.perf_counter()
+        for i in range(n):
+            with tracer.start_as_current_span("guard.step") as step:
+                step.set_attribute("guard.run.id", run_id)
+                step.set_attribute("guard.tenant", "default")
+                step.set_attribute("guard.step.index", i)
+                with tracer.start_as_current_span("chat gpt-4.1", kind=SpanKind.CLIENT) as m:
+                    m.set_attribute("gen_ai.operation.name", "chat")
+                    m.set_attribute("gen_ai.request.model", "gpt-4.1")
+                    m.set_attribute("gen_ai.usage.input_tokens", 1200 + i)
+                    m.set_attribute("gen_ai.usage.output_tokens", 90)
+                    m.set_attribute("gen_ai.usage.cache_read.input_tokens", 0)
+                    m.set_attribute("gen_ai.usage.reasoning.output_tokens", 0)
+                    m.set_attribute("guard.run.id", run_id)
+                    m.set_attribute("guard.cost.usd", 0.003)
+                with tracer.start_as_current_span("execute_tool search") as t:
+                    t.set_attribute("gen_ai.operation.name", "execute_tool")
+                    t.set_attribute("gen_ai.tool.name", "search")
+                    t.set_attribute("guard.action.fingerprint", fp)
+                    t.set_attribute("guard.tool.attempts", 1)
+                    t.set_attribute("guard.run.id", run_id)
+                    t.set_attribute("guard.result.hash", rh)
+                step.set_attribute("guard.progress", True)
+                step.set_attribute("guard.action.fingerprint", fp)
+        return time.perf_counter() - t0
+
+
+def policy_breakdown(n: int) -> dict[str, float]:
+    """Where the guard's extra time goes: the pure policy work of one step, timed alone."""
+    from guard.policy import Budget, Fingerprinter, Limits, LoopDetector, Phase
+
+    budget = Budget(Limits(max_steps=10**9, max_tokens=10**12, max_tool_calls=10**9))
+    fp = Fingerprinter(b"bench-key-0123456789")
+    loops = LoopDetector()
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        return round((time.perf_counter() - t0) / n * 1e6, 2)
+
+    acts = [fp.action("search", {"q": f"refund {i}", "lang": "en"}) for i in range(n)]
+    res = [fp.result(i) for i in range(n)]
+    out = {
+        "decide_x3": timed(
+            lambda i: (
+                budget.decide(),
+                budget.decide(phase=Phase.AFTER_MODEL_CALL),
+                budget.decide(phase=Phase.AFTER_TOOL_BATCH),
+            )
+        ),
+        "record_usage": timed(
+            lambda i: (
+                budget.record_step(),
+                budget.record_model_call(input_tokens=1200, output_tokens=90, cost_usd=0.003),
+                budget.record_tool_calls(1),
+            )
+        ),
+        "fingerprint_args": timed(
+            lambda i: fp.action("search", {"q": f"refund {i}", "lang": "en"})
+        ),
+        "hash_result": timed(lambda i: fp.result(i)),
+        "loop_detector": timed(
+            lambda i: (
+                loops.observe_action(acts[i], res[i]),
+                loops.end_step(state=None, progress=True, acted=True),
+            )
+        ),
+    }
+    out["total"] = round(sum(out.values()), 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+
+    exporter = NullExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("bench")
+    guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")
+
+    guarded_steps(200)  # warm-up both paths
+    plain_steps(tracer, 200)
+    g, p, ratios, idio = [], [], [], []
+    for _ in range(args.rounds):  # paired rounds: load drift on the machine hits both sides
+        g.append(guarded_steps(args.steps) / args.steps * 1e6)
+        p.append(plain_steps(tracer, args.steps) / args.steps * 1e6)
+        idio.append(idiomatic_steps(tracer, args.steps) / args.steps * 1e6)
+        ratios.append(g[-1] / p[-1])
+    us_guard, us_otel = statistics.median(g), statistics.median(p)
+    ratio = statistics.median(ratios)
+    result = {
+        "benchmark": "sdk_overhead",
+        "steps_per_round": args.steps,
+        "rounds": args.rounds,
+        "spans_per_step": 3,
+        "us_per_step_guard": round(us_guard, 2),
+        "us_per_step_otel": round(us_otel, 2),
+        "ratio": round(ratio, 3),
+        "ratio_min": round(min(ratios), 3),
+        # secondary reference: the same spans via start_as_current_span + set_attribute
+        "us_per_step_otel_idiomatic": round(statistics.median(idio), 2),
+        "ratio_vs_idiomatic": round(us_guard / statistics.median(idio), 3),
+        "goal_ratio": 1.5,
+        "ok": ratio <= 1.5,
+        "policy_us_per_step": policy_breakdown(args.steps),
+        "spans_exported": exporter.count,
+        "python": sys.version.split()[0],
+    }
+    print(json.dumps(result))
+    reset()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""Ending runs: RunEnded from the agent, guard-side ends (agent_lost, operator cancel of an
+unreachable run, the run span of a span-only run) and housekeeping.
+
+Mixed into :class:`guard.server._registry.Registry`. Every way out writes exactly one
+``Outcome`` to the sink; ``ended`` remembers recent run ids so duplicates and late spans are
+dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from guard.policy import DecidedBy, Outcome, Reason, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._auth import Principal
+    from guard.server._fanout import AgentSession
+    from guard.server._state import RunState
+
+__all__ = ["ENDED_MEMORY", "Lifecycle"]
+
+ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
+SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
+
+
+class Lifecycle:
+    """How runs end (mixin; expects the Registry's attributes)."""
+
+    runs: dict[str, RunState]
+    by_trace: dict[bytes, RunState]
+    by_tenant: dict[str, set[str]]
+    detached: dict[str, RunState]
+    span_only: dict[str, RunState]
+    sessions: set[AgentSession]
+    ended: Any
+    stats: dict[str, int]
+    tenants: Any
+    config: Any
+    sink: Any
+    clock: Any
+    grace_s: float
+
+    def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
+        """RunEnded: the agent's outcome is the record (first one wins)."""
+        run = self.runs.get(outcome.run_id)
+        if not outcome.tenant:
+            outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
+        principal.check_tenant(run.tenant if run is not None else outcome.tenant)
+        if run is not None:
+            self._finish(run)
+        elif outcome.run_id in self.ended:
+            return
+        self._remember_ended(outcome.run_id)
+        self._write_run(outcome)
+
+    def end_run(
+        self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
+    ) -> Outcome:
+        """End a run on the guard's side and write its outcome."""
+        u = run.budget.usage()
+        limits = run.budget.limits
+        outcome = Outcome(
+            run_id=run.run_id,
+            status=status,
+            reason=reason,
+            message=message,
+            parent_run_id=run.parent_run_id or None,
+            tenant=run.tenant,
+            agent=run.agent,
+            trace_id=run.trace_id.hex(),
+            steps=u.steps,
+            model_calls=u.model_calls,
+            tool_calls=u.tool_calls,
+            tool_attempts=u.tool_attempts,
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            reasoning_tokens=u.reasoning_tokens,
+            cached_tokens=u.cached_tokens,
+            cost_usd=u.cost_usd,
+            elapsed_ms=int(run.budget.elapsed_s() * 1000),
+            deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
+            last_tool=run.last_tool,
+            last_action_hash=run.last_action_hash,
+            loop_hits=run.loop.hits,
+            decided_by=decided_by,
+            price_book_version=self.config.prices.version or "",
+            started_at=run.started_at,
+            ended_at=time.time(),
+        )
+        self._finish(run)
+        self._remember_ended(run.run_id)
+        self._write_run(outcome)
+        return outcome
+
+    def _write_run(self, outcome: Outcome) -> None:
+        with contextlib.suppress(Exception):
+            self.sink.write_run(outcome)
+
+    def _remember_ended(self, run_id: str) -> None:
+        self.ended[run_id] = None
+        if len(self.ended) > ENDED_MEMORY:
+            self.ended.popitem(last=False)
+
+    def _finish(self, run: RunState) -> None:
+        self._forget(run)
+        if run.admitted:
+            self.tenants.run_ended(run.tenant)
+            run.admitted = False
+
+    def _forget(self, run: RunState) -> None:
+        rid = run.run_id
+        self.runs.pop(rid, None)
+        self.detached.pop(rid, None)
+        self.span_only.pop(rid, None)
+        ids = self.by_tenant.get(run.tenant)
+        if ids is not None:
+            ids.discard(rid)
+            if not ids:
+                del self.by_tenant[run.tenant]
+        if run.trace_id and self.by_trace.get(run.trace_id) is run:
+            del self.by_trace[run.trace_id]
+        if run.session is not None:
+            run.session.runs.discard(rid)
+
+    # -- housekeeping ----------------------------------------------------------------------
+    def sweep(self) -> None:
+        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions."""
+        now = self.clock()
+        for run in [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]:
+            self.stats["agent_lost"] += 1
+            self.end_run(
+                run,
+                Status.FAILED,
+                Reason.AGENT_LOST,
+                f"agent stream lost for {now - run.detached_at:.1f}s "
+                f"(agent_grace_s={self.grace_s:g})",
+                DecidedBy.GUARD,
+            )
+        for run in [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]:
+            self._finish(run)
+        for session in list(self.sessions):
+            session.expire(now)

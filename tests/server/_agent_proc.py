@@ -1,0 +1,84 @@
+"""An agent process for the end-to-end tests: the real SDK, its real OTLP exporter and control
+stream, pointed at a guard. Prints JSON lines: ``{"event": "ready"}`` once connected, then
+waits for a line on stdin before running, then ``{"event": "ended", ...}`` per run.
+
+    python _agent_proc.py ENDPOINT TENANT SCENARIO RUN_ID [RUN_ID ...]
+
+Scenarios: ``loop`` (the same tool call every step), ``spend`` (0.02 USD per step),
+``idle`` (steps without spend, until cancelled).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import guard
+
+
+def emit(**kw: object) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def main() -> int:
+    endpoint, tenant, scenario, *run_ids = sys.argv[1:]
+    guard.configure(
+        endpoint=endpoint,
+        tenant=tenant,
+        admit_timeout_ms=3000,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.5,
+        heartbeat_interval_ms=200,
+    )
+
+    # The agent's own loop detector is lenient (10 repeats): the guard's policy (tighter)
+    # is what stops a loop, however slow this machine is.
+    @guard.run(
+        agent=f"{scenario}-bot",
+        max_steps=400,
+        deadline_s=60,
+        loop={"window": 20, "repeat_threshold": 10, "no_progress_steps": 20},
+    )
+    def agent(run_id: str) -> str:
+        steps = 0
+        while steps < 400:
+            steps += 1
+            with guard.step() as step:
+                if scenario == "loop":
+                    step.tool_call("search", {"q": "where is my refund"}, result="no results")
+                elif scenario == "spend":
+                    step.model_call(
+                        model="gpt-4.1", input_tokens=100, output_tokens=10, cost_usd=0.02
+                    )
+                else:
+                    step.progress(True)
+            time.sleep(0.03)  # the model "thinks"; the guard's verdict lands meanwhile
+            guard.current_run().raise_if_cancelled()
+        return f"done after {steps} steps"
+
+    emit(event="ready")
+    sys.stdin.readline()
+    for run_id in run_ids:
+        try:
+            value = agent(run_id)
+            emit(event="ended", run=run_id, status="completed", value=value)
+        except guard.RunStopped as stop:
+            o = stop.outcome
+            emit(
+                event="ended",
+                run=run_id,
+                run_id=o.run_id,
+                status=str(o.status),
+                reason=str(o.reason),
+                decided_by=str(o.decided_by),
+                steps=o.steps,
+                message=o.message,
+            )
+    guard.flush(5.0)
+    guard.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

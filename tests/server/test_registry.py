@@ -1,0 +1,151 @@
+"""Registry decisions without the network: span-only runs, nesting, detach, forecast, dedup."""
+
+from __future__ import annotations
+
+from guard.policy import DecidedBy, Reason, Status
+from guard.server import MemorySink, decode_request
+from guard.server._auth import ANONYMOUS
+from guard.server._fanout import AgentSession
+from guard.server._registry import Registry
+from guard.v1 import guard_pb2 as pb
+
+from .conftest import config, model_span, request, span, step_span, trace_id_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _registry(**cfg):
+    sink = MemorySink()
+    clock = Clock()
+    reg = Registry(config(**cfg), sink, guard_id="t", clock=clock)
+    session = AgentSession("s", None, reg.log)
+    reg.hello(session, pb.Hello(process_id="p", tenant="acme"), ANONYMOUS)
+    return reg, session, sink, clock
+
+
+def _sent(session: AgentSession) -> list[tuple[str, pb.GuardMessage]]:
+    out = []
+    while not session.queue.empty():
+        m = session.queue.get_nowait()
+        if isinstance(m, pb.GuardMessage):
+            out.append((m.WhichOneof("body"), m))
+    return out
+
+
+def _start(reg, session, run_id, n, **kw):
+    rs = pb.RunStarted(run_id=run_id, trace_id=trace_id_of(n).hex(), tenant="acme", **kw)
+    reg.register(session, rs, ANONYMOUS)
+
+
+def test_span_only_run_is_tracked_and_ended_by_its_run_span():
+    reg, _, sink, _ = _registry()
+    tid = trace_id_of(1)
+    reg.ingest(decode_request(request(model_span("solo", tid, tokens_in=5))), ANONYMOUS)
+    assert reg.runs["solo"].session is None
+    end = span(
+        "invoke_agent bot",
+        tid,
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "guard.run.id": "solo",
+            "guard.stop.status": "terminated",
+            "guard.stop.reason": "max_steps",
+        },
+    )
+    reg.ingest(decode_request(request(end)), ANONYMOUS)
+    (outcome,) = sink.runs
+    assert (outcome.status, outcome.reason, outcome.input_tokens) == (
+        Status.TERMINATED,
+        Reason.MAX_STEPS,
+        5,
+    )
+    # late spans of an ended run change nothing
+    reg.ingest(decode_request(request(model_span("solo", tid))), ANONYMOUS)
+    assert "solo" not in reg.runs and reg.stats["late_spans"] == 1
+
+
+def test_nested_run_spends_the_parents_budget():
+    reg, session, _, _ = _registry()
+    _start(reg, session, "parent", 1, requested=pb.Limits(max_tokens=1000))
+    _start(reg, session, "child", 1, parent_run_id="parent")
+    _sent(session)
+    reg.ingest(
+        decode_request(request(model_span("child", trace_id_of(1), tokens_in=1200))), ANONYMOUS
+    )
+    cancels = {m.cancel.run_id: m.cancel.reason for k, m in _sent(session) if k == "cancel"}
+    assert cancels == {"parent": "token_budget"}
+    assert reg.runs["parent"].budget.usage().input_tokens == 1200
+
+
+def test_operator_cancel_of_a_detached_run_ends_it_now_and_reconnect_is_told():
+    reg, session, sink, _ = _registry()
+    _start(reg, session, "r", 1)
+    reg.detach(session)
+    assert reg.runs["r"].detached_at is not None
+    assert reg.cancel("run_id", "r", "", ANONYMOUS) == ["r"]
+    (outcome,) = sink.runs
+    assert outcome.reason is Reason.OPERATOR_CANCEL and outcome.decided_by is DecidedBy.OPERATOR
+    again = AgentSession("s2", None, reg.log)
+    hello = pb.Hello(process_id="p", tenant="acme", live_runs=[pb.RunStarted(run_id="r")])
+    reg.hello(again, hello, ANONYMOUS)
+    kinds = [k for k, _ in _sent(again)]
+    assert kinds == ["cancel"] and "r" not in reg.runs
+
+
+def test_grace_expiry_and_reattach_within_grace():
+    reg, session, sink, clock = _registry(guard={"agent_grace_s": 5})
+    _start(reg, session, "a", 1)
+    _start(reg, session, "b", 2)
+    reg.detach(session)
+    clock.t += 3
+    back = AgentSession("s2", None, reg.log)
+    reg.hello(back, pb.Hello(process_id="p", live_runs=[pb.RunStarted(run_id="a")]), ANONYMOUS)
+    clock.t += 3
+    reg.sweep()
+    assert [o.run_id for o in sink.runs] == ["b"]
+    assert sink.runs[0].reason is Reason.AGENT_LOST
+    assert reg.runs["a"].connected
+
+
+def test_forecast_warns_before_the_token_budget_runs_out():
+    reg, session, _, _ = _registry()
+    _start(reg, session, "f", 1, requested=pb.Limits(max_tokens=20_000))
+    tid = trace_id_of(1)
+    warned_at = None
+    for i in range(1, 12):  # input grows 1000 per step: B + (n-1)·D
+        spans = [model_span("f", tid, tokens_in=1000 * i, tokens_out=0), step_span("f", tid, i)]
+        reg.ingest(decode_request(request(*spans)), ANONYMOUS)
+        msgs = _sent(session)
+        if any(k == "warn" and "forecast" in m.warn.detail for k, m in msgs):
+            warned_at = i
+            break
+        if any(k == "cancel" for k, _ in msgs):
+            break
+    assert warned_at is not None and warned_at <= 5  # 1+2+3+4+5 = 15k of 20k: 6th step ends it
+
+
+def test_duplicate_run_ended_is_written_once():
+    reg, session, sink, _ = _registry()
+    _start(reg, session, "d", 1)
+    from guard.policy import Outcome
+
+    o = Outcome(run_id="d", status=Status.COMPLETED, reason=Reason.FINAL_ANSWER, tenant="acme")
+    reg.ended_by_agent(session, o, ANONYMOUS)
+    reg.ended_by_agent(session, o, ANONYMOUS)
+    assert len(sink.runs) == 1 and "d" not in reg.runs
+
+
+def test_heartbeat_pause_and_deadline():
+    reg, session, _, clock = _registry()
+    _start(reg, session, "h", 1, requested=pb.Limits(deadline_s=10))
+    _sent(session)
+    clock.t += 11
+    reg.heartbeat(session, pb.Heartbeat(runs=[pb.RunProgress(run_id="h")]))
+    (_kind, msg), *_ = [x for x in _sent(session) if x[0] == "cancel"]
+    assert msg.cancel.reason == "deadline"
