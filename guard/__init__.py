@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
         run,
         run_tools,
         shutdown,
+        stats,
         step,
         tool,
     )
@@ -58,6 +59,7 @@ _LAZY = {
     "run": "guard.sdk",
     "run_tools": "guard.sdk",
     "shutdown": "guard.sdk",
+    "stats": "guard.sdk",
     "step": "guard.sdk",
     "tool": "guard.sdk",
 }
@@ -87,6 +89,7 @@ __all__ = [
     "run",
     "run_tools",
     "shutdown",
+    "stats",
     "step",
     "tool",
 ]

@@ -5,7 +5,7 @@
     from guard.testing import FakeModel, Reply, ToolCall, capture_spans, run_agent_loop
 
     def test_my_agent_stops_looping():
-        model = FakeModel.looping(ToolCall("search", {"q": "refund"}), result_tokens=500)
+        model = FakeModel.looping(ToolCall("search", {"q": "refund"}), input_growth=500)
         with capture_spans() as spans:
             with pytest.raises(guard.RunStopped) as stop:
                 my_agent(model)           # your @guard.run function
@@ -113,8 +113,9 @@ class FakeModel:
     """A scripted model. ``replies`` are returned in order; then ``then`` (default: the last
     reply forever, which is exactly a runaway agent)."""
 
-    def __init__(self, replies: Sequence[Reply], *, then: Reply | None = None,
-                 input_growth: int = 0) -> None:
+    def __init__(
+        self, replies: Sequence[Reply], *, then: Reply | None = None, input_growth: int = 0
+    ) -> None:
         if not replies:
             raise ValueError("FakeModel needs at least one reply")
         self.replies = list(replies)
@@ -141,8 +142,9 @@ class FakeModel:
         calls = tuple(
             ToolCall(c.name, c.args, c.id or f"call_{next(self._ids)}") for c in reply.tool_calls
         )
-        return Reply(reply.text, calls, reply.input_tokens + growth, reply.output_tokens,
-                     reply.model)
+        return Reply(
+            reply.text, calls, reply.input_tokens + growth, reply.output_tokens, reply.model
+        )
 
     async def acomplete(self, messages: Sequence[Any] = ()) -> Reply:
         await asyncio.sleep(0)
@@ -152,8 +154,7 @@ class FakeModel:
 ToolFn = Callable[..., Any]
 
 
-async def run_agent_loop(model: FakeModel, tools: Mapping[str, ToolFn], *,
-                         prompt: str = "") -> str:
+async def run_agent_loop(model: FakeModel, tools: Mapping[str, ToolFn], *, prompt: str = "") -> str:
     """A plain async tool loop instrumented with the SDK (call it inside ``@guard.run``).
 
     Each round is one ``guard.step()``: a model call, then its tool calls run in parallel via
@@ -164,8 +165,11 @@ async def run_agent_loop(model: FakeModel, tools: Mapping[str, ToolFn], *,
     while True:
         async with guard.step() as step:
             reply = await model.acomplete(messages)
-            step.model_call(model=reply.model, input_tokens=reply.input_tokens,
-                            output_tokens=reply.output_tokens)
+            step.model_call(
+                model=reply.model,
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+            )
             if not reply.tool_calls:
                 return reply.text
 
@@ -180,15 +184,17 @@ async def run_agent_loop(model: FakeModel, tools: Mapping[str, ToolFn], *,
             messages.append({"role": "tool", "results": results})
 
 
-def run_agent_loop_sync(model: FakeModel, tools: Mapping[str, ToolFn], *,
-                        prompt: str = "") -> str:
+def run_agent_loop_sync(model: FakeModel, tools: Mapping[str, ToolFn], *, prompt: str = "") -> str:
     """The synchronous twin of :func:`run_agent_loop` (tools run one after another)."""
     messages: list[Any] = [{"role": "user", "content": prompt}]
     while True:
         with guard.step() as step:
             reply = model.complete(messages)
-            step.model_call(model=reply.model, input_tokens=reply.input_tokens,
-                            output_tokens=reply.output_tokens)
+            step.model_call(
+                model=reply.model,
+                input_tokens=reply.input_tokens,
+                output_tokens=reply.output_tokens,
+            )
             if not reply.tool_calls:
                 return reply.text
             for tc in reply.tool_calls:

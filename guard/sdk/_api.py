@@ -8,7 +8,7 @@ from typing import Any
 from guard.policy import Remaining
 from guard.sdk._run import Run, current_run_or_none
 
-__all__ = ["NULL_RUN", "NullRun", "current_run", "evidence", "flush", "shutdown"]
+__all__ = ["NULL_RUN", "NullRun", "current_run", "evidence", "flush", "shutdown", "stats"]
 
 
 class NullRun:
@@ -100,3 +100,10 @@ def shutdown() -> None:
     from guard.sdk._runtime import reset_runtime
 
     reset_runtime()
+
+
+def stats() -> dict[str, int]:
+    """Export and control-stream counters (errors are counted here, never raised)."""
+    from guard.sdk._runtime import stats as _stats
+
+    return _stats()

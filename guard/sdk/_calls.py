@@ -26,6 +26,33 @@ current_batch: contextvars.ContextVar[Any] = contextvars.ContextVar("guard_batch
 _ERROR = Status(StatusCode.ERROR)
 
 
+_PROVIDERS = (  # gen_ai.provider.name inferred from well-known model families
+    (("gpt-", "o1", "o3", "o4", "chatgpt", "text-embedding"), "openai"),
+    (("claude",), "anthropic"),
+    (("gemini",), "gcp.gemini"),
+    (("mistral", "codestral", "magistral"), "mistral_ai"),
+    (("deepseek",), "deepseek"),
+    (("grok",), "x_ai"),
+)
+_provider_cache: dict[str, str | None] = {}
+
+
+def _provider(model: str) -> str | None:
+    try:
+        return _provider_cache[model]
+    except KeyError:
+        pass
+    found = None
+    low = model.lower()
+    for prefixes, name in _PROVIDERS:
+        if low.startswith(prefixes):
+            found = name
+            break
+    if len(_provider_cache) < 4096:  # bounded: model names come from code, not users
+        _provider_cache[model] = found
+    return found
+
+
 def _ns(t: float | None) -> int | None:
     return None if t is None else int(t * 1e9)
 
@@ -52,7 +79,10 @@ def record_model_call(
     """
     if cost_usd is None:
         cost_usd = run.rt.cost_usd(
-            model, input_tokens=input_tokens, output_tokens=output_tokens, cached_tokens=cached_tokens
+            model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
         )
     run.budget.record_model_call(
         input_tokens=input_tokens,
@@ -72,6 +102,7 @@ def record_model_call(
         A.REASONING_TOKENS: reasoning_tokens,
         A.RUN_ID: run.run_id,
     }
+    provider = provider or _provider(model)
     if provider:
         attrs[A.PROVIDER] = provider
     if cost_usd is not None:

@@ -51,9 +51,9 @@ class Settings:
     """
 
     endpoint: str | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # secrets stay out of logs
     tenant: str = "default"
-    hmac_key: bytes | None = None
+    hmac_key: bytes | None = field(default=None, repr=False)
     disabled: bool = False
     tls: bool = False
     fail_closed: bool = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -63,8 +64,11 @@ class ControlClient:
         self._backlog: collections.deque[pb.AgentMessage] = collections.deque(maxlen=_BACKLOG_MAX)
         self._main: asyncio.Task[None] | None = None
         self._stopping = False
-        self._thread = threading.Thread(target=self._thread_main, name="otel-guard-control",
-                                        daemon=True)
+        self._writing = False
+        self._call: Any = None
+        self._thread = threading.Thread(
+            target=self._thread_main, name="otel-guard-control", daemon=True
+        )
         self._started = threading.Event()
 
     # -- agent-side API (any thread, never blocks) -------------------------------------------
@@ -100,11 +104,10 @@ class ControlClient:
         self._stopping = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):  # loop already closing
                 asyncio.run_coroutine_threadsafe(self._shutdown(timeout_s / 2), loop)
-            except RuntimeError:
-                pass
-        self._thread.join(timeout_s)
+        if threading.current_thread() is not self._thread:  # e.g. shutdown() in a callback
+            self._thread.join(timeout_s)
         with self._lock:
             pending = list(self._admissions)
         for rid in pending:
@@ -130,10 +133,8 @@ class ControlClient:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # loop shutting down
             loop.call_soon_threadsafe(self._enqueue, msg)
-        except RuntimeError:  # loop shutting down
-            pass
 
     def _enqueue(self, msg: pb.AgentMessage) -> None:
         q = self._queue
@@ -147,10 +148,9 @@ class ControlClient:
         with self._lock:
             entry = self._admissions.pop(rid, None)
         if entry is not None and not entry[0].done():
-            try:
+            # The waiter may have timed out and cancelled it meanwhile.
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
                 entry[0].set_result(value)
-            except concurrent.futures.InvalidStateError:  # cancelled by a timed-out waiter
-                pass
 
     # -- the thread -------------------------------------------------------------------------
     def _thread_main(self) -> None:
@@ -160,7 +160,7 @@ class ControlClient:
             self._main = loop.create_task(self._run_forever())
             self._started.set()
             loop.run_until_complete(self._main)
-        except BaseException:  # noqa: BLE001 - the thread must end quietly
+        except BaseException:
             log.debug("control thread ended", exc_info=True)
         finally:
             try:
@@ -180,7 +180,13 @@ class ControlClient:
                     return
             except Exception as exc:
                 self.counters["errors"] += 1
-                log.debug("otel-guard control stream error: %r", exc)
+                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    self.counters["auth_errors"] += 1
+                    if self.counters["auth_errors"] == 1:  # once: a wrong token is not transient
+                        log.warning("otel-guard: the guard refused the stream: %s", exc.details())
+                else:
+                    log.debug("otel-guard control stream error: %r", exc)
             finally:
                 self._on_disconnect()
             if self._stopping:
@@ -197,6 +203,7 @@ class ControlClient:
         self.connected.clear()
         self.first_attempt_done.set()
         q, self._queue = self._queue, None
+        self._call = None
         while q is not None and not q.empty():  # keep unsent termination records
             m = q.get_nowait()
             if m.HasField("run_ended"):
@@ -225,6 +232,7 @@ class ControlClient:
                 (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
             )
             call = pb_grpc.GuardControlStub(channel).Attach(metadata=metadata)
+            self._call = call
             q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             self._queue = q  # from here on new messages queue for this stream
             with self._lock:
@@ -262,12 +270,15 @@ class ControlClient:
     async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:
             msg = await q.get()
+            self._writing = True
             try:
                 await call.write(msg)
             except Exception:
                 if msg.HasField("run_ended"):
                     self._backlog.append(msg)  # resent after the reconnect
                 raise
+            finally:
+                self._writing = False
 
     async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:
@@ -293,10 +304,18 @@ class ControlClient:
                 log.exception("otel-guard: handling a guard message failed")
 
     async def _shutdown(self, drain_s: float) -> None:
-        q = self._queue
+        """Let queued messages (the last RunEnded records) and a write in flight finish,
+        half-close the stream, then end the session."""
         deadline = time.monotonic() + drain_s
-        while q is not None and not q.empty() and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
+        while time.monotonic() < deadline:
+            q = self._queue
+            if q is None or (q.empty() and not self._writing):
+                break
+            await asyncio.sleep(0.002)
+        call = self._call
+        if call is not None and self._queue is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call.done_writing(), max(0.01, deadline - time.monotonic()))
         if self._main is not None:
             self._main.cancel()
 
@@ -338,10 +357,9 @@ class ControlClient:
                 applied = run.interrupt(reason, d.detail, by, cancel=True)
             if kind == "deny":
                 self._resolve(d.request_id, "deny")
-        elif kind in ("warn", "wrap_up"):
-            if applied:
-                d = getattr(msg, kind)
-                run.directive(kind, d.reason, d.detail, "guard")
+        elif kind in ("warn", "wrap_up") and applied:
+            d = getattr(msg, kind)
+            run.directive(kind, d.reason, d.detail, "guard")
         if run_id:
             ack = pb.Ack(command_id=msg.command_id, run_id=run_id, applied=bool(applied))
             self._enqueue(pb.AgentMessage(ack=ack))  # already on the loop thread

@@ -70,9 +70,16 @@ class RunSpec:
         return limits
 
 
-def _make_spec(agent: str, tenant: str | None, preset: str | None, limit_kw: dict[str, Any],
-               loop: Any, limits: Limits | None, require_evidence: Any,
-               fail_closed: bool | None) -> RunSpec:
+def _make_spec(
+    agent: str,
+    tenant: str | None,
+    preset: str | None,
+    limit_kw: dict[str, Any],
+    loop: Any,
+    limits: Limits | None,
+    require_evidence: Any,
+    fail_closed: bool | None,
+) -> RunSpec:
     given = {k: v for k, v in limit_kw.items() if v is not None}
     if isinstance(given.get("soft_thresholds"), tuple):
         given["soft_thresholds"] = list(given["soft_thresholds"])
@@ -139,8 +146,9 @@ def run(
 
     def decorate(f: F) -> F:
         name = agent or getattr(f, "__qualname__", None) or getattr(f, "__name__", "agent")
-        spec = _make_spec(name, tenant, preset, limit_kw, loop, limits, require_evidence,
-                          fail_closed)
+        spec = _make_spec(
+            name, tenant, preset, limit_kw, loop, limits, require_evidence, fail_closed
+        )
         if inspect.iscoroutinefunction(f):
 
             @functools.wraps(f)
@@ -204,15 +212,21 @@ def _admission(r: Run, spec: RunSpec) -> concurrent.futures.Future[Any] | None:
     control = r.rt.control
     if control is None:
         return None
-    fail_closed = spec.fail_closed if spec.fail_closed is not None else r.rt.settings.fail_closed
-    return control.register(r, wait=fail_closed)
+    try:
+        return control.register(r, wait=_fail_closed(r, spec))
+    except Exception:  # the guard connection never breaks the agent
+        log.exception("otel-guard: registering the run with the guard failed")
+        return None
+
+
+def _fail_closed(r: Run, spec: RunSpec) -> bool:
+    return spec.fail_closed if spec.fail_closed is not None else r.rt.settings.fail_closed
 
 
 def _admitted(r: Run, spec: RunSpec, fut: Any, ok: bool) -> None:
     """After the admission wait: a deny raises now; an unanswered fail_closed run refuses."""
     r.check_stop()  # a deny is an interrupt: RunStopped before the first step
-    fail_closed = spec.fail_closed if spec.fail_closed is not None else r.rt.settings.fail_closed
-    if not ok and fail_closed:
+    if not ok and _fail_closed(r, spec):
         ms = r.rt.settings.admit_timeout_ms
         msg = f"guard did not admit run {r.run_id} within {ms:g} ms (fail_closed)"
         out = r.snapshot(Status.FAILED, Reason.ERROR, msg, DecidedBy.SDK)
@@ -228,7 +242,10 @@ def _finish(r: Run, token: Any, otel_token: Any, exc: BaseException | None) -> t
             outcome, stopped = exc.outcome, False
     except Exception:  # pragma: no cover - never let bookkeeping break the agent
         log.exception("otel-guard: building the outcome failed")
-        outcome, stopped = r.snapshot(Status.FAILED, Reason.ERROR, "sdk error", DecidedBy.SDK), False
+        outcome, stopped = (
+            r.snapshot(Status.FAILED, Reason.ERROR, "sdk error", DecidedBy.SDK),
+            False,
+        )
     r.outcome = outcome
     leftovers = r.end()
     if outcome.status is not Status.COMPLETED:
@@ -252,7 +269,10 @@ def _finish(r: Run, token: Any, otel_token: Any, exc: BaseException | None) -> t
         r.rt.trace_ended(sc.trace_id)
     control = r.rt.control
     if control is not None:
-        control.run_ended(r, outcome)
+        try:
+            control.run_ended(r, outcome)
+        except Exception:
+            log.exception("otel-guard: reporting the run's end to the guard failed")
     return outcome, stopped
 
 
@@ -267,8 +287,13 @@ def _run_sync(spec: RunSpec, f: Callable[..., Any], args: tuple, kwargs: dict) -
         fut = _admission(r, spec)
         ok = True
         if fut is not None:
-            try:
-                fut.result(timeout=r.rt.settings.admit_timeout_ms / 1000.0)
+            timeout_s = r.rt.settings.admit_timeout_ms / 1000.0
+            if asyncio._get_running_loop() is not None and not _fail_closed(r, spec):
+                # A sync agent called on an event loop's thread: never stall the loop for the
+                # admission; a deny that arrives later stops the run like a cancel.
+                timeout_s = 0.0
+            try:  # None = the stream dropped before an answer
+                ok = fut.result(timeout=timeout_s) is not None
             except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
                 ok = False
             _admitted(r, spec, fut, ok)
@@ -294,11 +319,14 @@ async def _run_async(spec: RunSpec, f: Callable[..., Any], args: tuple, kwargs: 
         fut = _admission(r, spec)
         ok = True
         if fut is not None:
-            try:
-                await asyncio.wait_for(
+            try:  # None = the stream dropped before an answer
+                answer = await asyncio.wait_for(
                     asyncio.wrap_future(fut), r.rt.settings.admit_timeout_ms / 1000.0
                 )
-            except TimeoutError:
+                ok = answer is not None
+            except (TimeoutError, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and r.interrupt_info() is None:
+                    raise  # cancelled from outside while waiting
                 ok = False
             _admitted(r, spec, fut, ok)
         value = await f(*args, **kwargs)

@@ -76,7 +76,9 @@ class LowLatencySpanProcessor(SpanProcessor):
             self._cond.notify()
 
     def shutdown(self) -> None:
-        self.force_flush(2.0)
+        if self._stopped:
+            return
+        self.force_flush(2000)
         with self._cond:
             self._stopped = True
             self._cond.notify_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ORIGIN_ATTR",
     "build_outcome",
+    "cancel_message",
     "classify_exception",
     "final_outcome",
     "outcome_attrs",
@@ -30,10 +32,8 @@ _NOT_RECOVERABLE = {Reason.LOOP_DETECTED, Reason.NO_PROGRESS, Reason.INVALID_DEC
 
 
 def tag(exc: BaseException, origin: str) -> None:
-    try:
+    with contextlib.suppress(AttributeError, TypeError):  # exceptions with __slots__
         setattr(exc, ORIGIN_ATTR, origin)
-    except (AttributeError, TypeError):  # exceptions with __slots__
-        pass
 
 
 def classify_exception(exc: BaseException) -> Reason:
@@ -49,9 +49,7 @@ def classify_exception(exc: BaseException) -> Reason:
     return Reason.ERROR
 
 
-def build_outcome(
-    run: Run, status: Status, reason: Reason, message: str, by: DecidedBy
-) -> Outcome:
+def build_outcome(run: Run, status: Status, reason: Reason, message: str, by: DecidedBy) -> Outcome:
     u = run.budget.usage()
     limits = run.budget.limits
     stopped = status is not Status.COMPLETED
@@ -80,9 +78,11 @@ def build_outcome(
         last_action_hash=run.last_action_hash,
         loop_hits=run.detector.hits,
         partial_result=bool(partial) and stopped,
-        recoverable=stopped
-        and status in (Status.TERMINATED, Status.CANCELLED, Status.DEGRADED)
-        and reason not in _NOT_RECOVERABLE
+        recoverable=(
+            stopped
+            and status in (Status.TERMINATED, Status.CANCELLED, Status.DEGRADED)
+            and reason not in _NOT_RECOVERABLE
+        )
         or reason is Reason.MODEL_ERROR,
         decided_by=by,
         price_book_version=run.price_book_version,
@@ -103,17 +103,21 @@ def final_outcome(run: Run, exc: BaseException | None) -> tuple[Outcome, bool]:
     if intr is not None:
         reason, detail, by, is_cancel = intr
         if is_cancel or exc is not None:
-            msg = detail if reason is Reason.DEADLINE else _cancel_msg(reason, detail)
+            msg = cancel_message(reason, detail, by)
             return run.snapshot(REASON_STATUS[reason], reason, msg, by), True
     if run.stopped is not None:
         d, by = run.stopped
-        return run.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR, d.message, by), True
+        return run.snapshot(
+            d.status or Status.FAILED, d.reason or Reason.ERROR, d.message, by
+        ), True
     if exc is None:
         missing = _missing_evidence(run)
         if missing:
             msg = "missing evidence: " + ", ".join(missing)
             return run.snapshot(Status.DEGRADED, Reason.MISSING_EVIDENCE, msg, DecidedBy.SDK), False
-        return run.snapshot(Status.COMPLETED, Reason.FINAL_ANSWER, "final answer", DecidedBy.SDK), False
+        return run.snapshot(
+            Status.COMPLETED, Reason.FINAL_ANSWER, "final answer", DecidedBy.SDK
+        ), False
     if isinstance(exc, RunStopped):
         # A sub-agent's stop escaping into this run: the same stop, seen one level up.
         o = exc.outcome
@@ -138,8 +142,15 @@ def _missing_evidence(run: Run) -> list[str]:
     return out
 
 
-def _cancel_msg(reason: Reason, detail: str) -> str:
-    return f"cancelled: {reason.value}" + (f" ({detail})" if detail else "")
+def cancel_message(reason: Reason, detail: str, by: DecidedBy = DecidedBy.SDK) -> str:
+    """The outcome message of an interrupt: a cancel, a guard stop, or the deadline timer."""
+    if reason is Reason.DEADLINE and by is DecidedBy.SDK:
+        return detail  # already "deadline_s 90 reached (elapsed_s=90.001)"
+    if reason in (Reason.USER_CANCEL, Reason.OPERATOR_CANCEL):
+        head = f"cancelled: {reason.value}"
+    else:
+        head = f"stopped by the {by.value}: {reason.value}"
+    return head + (f" ({detail})" if detail else "")
 
 
 def outcome_attrs(outcome: Outcome) -> dict[str, Any]:

@@ -7,14 +7,17 @@ shares our group is signalled alone: killing our own group would kill the agent.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from guard.sdk import _timers
 
-__all__ = ["TrackedProcess"]
+__all__ = ["TrackedProcess", "safe_call"]
 
 log = logging.getLogger("guard.sdk")
 
@@ -73,7 +76,16 @@ class TrackedProcess:
         # Reap a Popen so the killed child does not linger as a zombie.
         poll = getattr(self.proc, "poll", None)
         if poll is not None:
-            try:
+            with contextlib.suppress(Exception):
                 poll()
-            except Exception:  # pragma: no cover
-                pass
+
+
+def safe_call(fn: Callable[..., Any], *args: Any) -> None:
+    """Run a user callback (on_cancel / on_directive); its errors never break a cancel."""
+    try:
+        res = fn(*args)
+        if asyncio.iscoroutine(res):
+            res.close()  # callbacks must be synchronous; never leave a coroutine unawaited
+            log.warning("otel-guard: on_cancel/on_directive callbacks must be synchronous")
+    except Exception:
+        log.exception("otel-guard: callback failed")

@@ -15,6 +15,7 @@ Stop paths, all ending in one :class:`~guard.policy.Outcome`:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import threading
@@ -39,8 +40,8 @@ from guard.policy import (
     Status,
 )
 from guard.sdk import _timers
-from guard.sdk._outcome import build_outcome
-from guard.sdk._procs import TrackedProcess
+from guard.sdk._outcome import build_outcome, cancel_message
+from guard.sdk._procs import TrackedProcess, safe_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -175,7 +176,7 @@ class Run:
             if not fire:
                 self._cancel_cbs.append(callback)
         if fire:
-            _safe(callback)
+            safe_call(callback)
 
     def on_directive(self, callback: Callable[[str, str, str], Any]) -> None:
         """Call ``callback(action, reason, detail)`` on each warn / wrap_up (local or guard)."""
@@ -239,15 +240,13 @@ class Run:
             child.interrupt(reason, detail, by, cancel=cancel)
         # 2. stop in-flight work: the awaiting task, the process groups, user callbacks.
         if self.is_async and self.task is not None and self.loop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # loop closed: nothing in flight any more
                 self.loop.call_soon_threadsafe(self._cancel_task)
-            except RuntimeError:  # loop closed: nothing in flight any more
-                pass
         grace = self.rt.settings.kill_grace_s
         for p in procs:
             p.terminate(grace)
         for cb in cbs:
-            _safe(cb)
+            safe_call(cb)
         # 3./4. completed results stay recorded; the decorator reports the outcome.
         return True
 
@@ -296,7 +295,7 @@ class Run:
         intr = self._interrupt
         if intr is not None:
             reason, detail, by, _ = intr
-            msg = detail if reason is Reason.DEADLINE else _cancel_msg(reason, detail)
+            msg = cancel_message(reason, detail, by)
             self.raise_stop(Decision(Action.STOP, REASON_STATUS[reason], reason, message=msg), by)
         pending = self._pending
         if pending is not None:
@@ -327,8 +326,10 @@ class Run:
             if d.stop:
                 anc.apply(d, raise_now=False)  # the parent stops when the child unwinds
                 msg = f"parent run {anc.run_id}: {d.message}"
-                self.apply(Decision(d.action, d.status, d.reason, d.utilisation, d.metric, msg),
-                           raise_now=raise_now)
+                self.apply(
+                    Decision(d.action, d.status, d.reason, d.utilisation, d.metric, msg),
+                    raise_now=raise_now,
+                )
             anc = anc.parent
 
     def apply(self, d: Decision, *, raise_now: bool) -> None:
@@ -354,13 +355,14 @@ class Run:
                 f"guard.{action}", {"guard.reason": reason, "guard.decided_by": source}
             )
         for cb in list(self._directive_cbs):
-            _safe(cb, action, reason, detail)
+            safe_call(cb, action, reason, detail)
 
     def raise_stop(self, d: Decision, by: DecidedBy) -> None:
         if self.stopped is None:
             self.stopped = (d, by)
-        raise RunStopped(self.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR,
-                                       d.message, by))
+        raise RunStopped(
+            self.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR, d.message, by)
+        )
 
     # -- outcome ----------------------------------------------------------------------------
     def elapsed_s(self) -> float:
@@ -371,9 +373,6 @@ class Run:
 
     def interrupt_info(self) -> tuple[Reason, str, DecidedBy, bool] | None:
         return self._interrupt
-
-    def pending(self) -> Decision | None:
-        return self._pending
 
     def end(self) -> list[TrackedProcess]:
         """Mark the run over; returns processes still tracked (for cleanup on stop)."""
@@ -386,17 +385,3 @@ class Run:
                 if self in self.parent._children:
                     self.parent._children.remove(self)
         return procs
-
-
-def _cancel_msg(reason: Reason, detail: str) -> str:
-    return f"cancelled: {reason.value}" + (f" ({detail})" if detail else "")
-
-
-def _safe(fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        res = fn(*args)
-        if asyncio.iscoroutine(res):
-            res.close()  # callbacks must be synchronous; never leave a coroutine unawaited
-            log.warning("otel-guard: on_cancel/on_directive callbacks must be synchronous")
-    except Exception:
-        log.exception("otel-guard: callback failed")

@@ -6,7 +6,9 @@ raises into the agent: a failing exporter or guard degrades to local-only behavi
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import secrets
 import threading
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
     from guard.sdk._export import LowLatencySpanProcessor
 
-__all__ = ["Runtime", "get_runtime", "reset_runtime"]
+__all__ = ["Runtime", "get_runtime", "reset_runtime", "stats"]
 
 log = logging.getLogger("guard.sdk")
 
@@ -59,6 +61,14 @@ class Runtime:
             return settings.tracer_provider, False
         current = trace.get_tracer_provider()
         if isinstance(current, TracerProvider):
+            desc = getattr(getattr(current, "sampler", None), "get_description", lambda: "")()
+            if "root:AlwaysOnSampler" not in desc and desc != "AlwaysOnSampler":
+                # Unsampled guard spans never reach the guard: it then sees only heartbeats.
+                log.warning(
+                    "otel-guard: the application's sampler (%s) may drop guard spans; local "
+                    "limits still apply, the guard sees heartbeats and outcomes only",
+                    desc,
+                )
             return current, False
         # No SDK provider installed by the application: keep a private one rather than
         # installing a global the application might set later (set-once semantics).
@@ -190,3 +200,37 @@ def reset_runtime(old: Settings | None = None) -> None:
         rt, _runtime = _runtime, None
     if rt is not None:
         rt.close()
+
+
+def stats() -> dict[str, int]:
+    """Counters of the guard connection: spans exported / failed / dropped, stream events."""
+    rt = _runtime
+    out: dict[str, int] = {}
+    if rt is None:
+        return out
+    p = rt.processor
+    if p is not None:
+        out.update(
+            spans_exported=p.exported,
+            spans_failed=p.failed,
+            spans_dropped=p.dropped,
+            export_batches=p.batches,
+        )
+    if rt.control is not None:
+        out.update({f"control_{k}": v for k, v in rt.control.counters.items()})
+        out["control_connected"] = int(rt.control.connected.is_set())
+    return out
+
+
+def _after_fork_in_child() -> None:
+    """A forked worker (gunicorn, multiprocessing) has none of the parent's threads: forget the
+    runtime without closing it, so the first run in the child builds its own."""
+    global _runtime
+    rt, _runtime = _runtime, None
+    if rt is not None and rt.processor is not None:
+        rt.processor._stopped = True  # its worker thread did not survive the fork
+
+
+# At interpreter exit: send the last RunEnded records and spans (bounded by the drain timeouts).
+atexit.register(reset_runtime)
+os.register_at_fork(after_in_child=_after_fork_in_child)

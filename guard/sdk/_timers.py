@@ -21,15 +21,18 @@ log = logging.getLogger("guard.sdk")
 class Timer:
     """Handle of a scheduled callback; :meth:`cancel` is idempotent and thread-safe."""
 
-    __slots__ = ("cancelled", "fn", "when")
+    __slots__ = ("_owner", "cancelled", "fn", "when")
 
-    def __init__(self, when: float, fn: Callable[[], None]) -> None:
+    def __init__(self, when: float, fn: Callable[[], None], owner: _Scheduler) -> None:
         self.when = when
         self.fn = fn
         self.cancelled = False
+        self._owner = owner
 
     def cancel(self) -> None:
-        self.cancelled = True
+        if not self.cancelled:
+            self.cancelled = True
+            self._owner.cancelled += 1
 
 
 class _Scheduler:
@@ -38,10 +41,17 @@ class _Scheduler:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self.cancelled = 0  # cancelled timers still in the heap (approximate)
 
     def schedule(self, delay_s: float, fn: Callable[[], None]) -> Timer:
-        timer = Timer(time.monotonic() + max(0.0, delay_s), fn)
+        timer = Timer(time.monotonic() + max(0.0, delay_s), fn, self)
         with self._cond:
+            if len(self._heap) > 1024 and self.cancelled > len(self._heap) // 2:
+                # Runs end long before their deadlines: drop their dead timers in one pass
+                # so the heap stays proportional to the live runs.
+                self._heap = [e for e in self._heap if not e[2].cancelled]
+                heapq.heapify(self._heap)
+                self.cancelled = 0
             heapq.heappush(self._heap, (timer.when, next(self._seq), timer))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -57,6 +67,7 @@ class _Scheduler:
                 while True:
                     while self._heap and self._heap[0][2].cancelled:
                         heapq.heappop(self._heap)
+                        self.cancelled = max(0, self.cancelled - 1)
                     if not self._heap:
                         self._cond.wait()
                         continue

@@ -276,9 +276,7 @@ async def run_tools(calls: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]
             res = fn(call)
             return await res if inspect.isawaitable(res) else res
 
-        results = await asyncio.gather(
-            *(one(c) for c in batch.admitted), return_exceptions=True
-        )
+        results = await asyncio.gather(*(one(c) for c in batch.admitted), return_exceptions=True)
         for r in results:
             if isinstance(r, RunStopped | asyncio.CancelledError):
                 raise r

@@ -60,8 +60,16 @@ def test_limits_from_pb_rejects_nan_and_negative() -> None:
 
 
 def test_usage_round_trip_and_unpriced_cost() -> None:
-    u = Usage(steps=3, model_calls=2, tool_calls=4, tool_attempts=5, input_tokens=900,
-              output_tokens=80, reasoning_tokens=10, cached_tokens=100)
+    u = Usage(
+        steps=3,
+        model_calls=2,
+        tool_calls=4,
+        tool_attempts=5,
+        input_tokens=900,
+        output_tokens=80,
+        reasoning_tokens=10,
+        cached_tokens=100,
+    )
     msg = usage_to_pb(u)
     assert not msg.HasField("cost_usd")
     assert usage_from_pb(msg) == u
@@ -72,13 +80,30 @@ def test_usage_round_trip_and_unpriced_cost() -> None:
 
 
 def test_outcome_round_trip() -> None:
-    o = Outcome(run_id="r1", status=Status.TERMINATED, reason=Reason.MAX_STEPS,
-                message="max_steps 3 reached (steps=3)", parent_run_id="p0", tenant="acme",
-                agent="bot", trace_id="ab" * 16, steps=3, tool_calls=2, cost_usd=0.01,
-                elapsed_ms=1200, deadline_ms=90_000, last_tool="search",
-                last_action_hash="f" * 32, loop_hits=1, partial_result=True, recoverable=True,
-                decided_by=DecidedBy.GUARD, price_book_version="v1", started_at=1.5,
-                ended_at=2.5)
+    o = Outcome(
+        run_id="r1",
+        status=Status.TERMINATED,
+        reason=Reason.MAX_STEPS,
+        message="max_steps 3 reached (steps=3)",
+        parent_run_id="p0",
+        tenant="acme",
+        agent="bot",
+        trace_id="ab" * 16,
+        steps=3,
+        tool_calls=2,
+        cost_usd=0.01,
+        elapsed_ms=1200,
+        deadline_ms=90_000,
+        last_tool="search",
+        last_action_hash="f" * 32,
+        loop_hits=1,
+        partial_result=True,
+        recoverable=True,
+        decided_by=DecidedBy.GUARD,
+        price_book_version="v1",
+        started_at=1.5,
+        ended_at=2.5,
+    )
     assert outcome_from_pb(outcome_to_pb(o)) == o
     bare = Outcome(run_id="r2", status=Status.COMPLETED, reason=Reason.FINAL_ANSWER)
     assert outcome_from_pb(outcome_to_pb(bare)) == bare

@@ -10,8 +10,15 @@ import guard
 from guard.sdk._config import reset
 from guard.testing import SpanSink, capture_spans
 
-CANARIES = ["CANARY-ARG-7f3a", "杭州天气-CANARY", "CANARY-RESULT-91c2", "CANARY-FACT-55d0",
-            "CANARY-ERR-0b1e", "CANARY-KW-e2e2", "CANARY-PAUSE-aa11"]
+CANARIES = [
+    "CANARY-ARG-7f3a",
+    "杭州天气-CANARY",
+    "CANARY-RESULT-91c2",
+    "CANARY-FACT-55d0",
+    "CANARY-ERR-0b1e",
+    "CANARY-KW-e2e2",
+    "CANARY-PAUSE-aa11",
+]
 
 
 async def test_canaries_never_reach_any_span(sink: SpanSink) -> None:
@@ -27,8 +34,7 @@ async def test_canaries_never_reach_any_span(sink: SpanSink) -> None:
     async def f() -> None:
         run = guard.current_run()
         async with guard.step() as step:
-            step.model_call(model="gpt-4.1", input_tokens=10, output_tokens=2,
-                            response_id="resp-1")
+            step.model_call(model="gpt-4.1", input_tokens=10, output_tokens=2, response_id="resp-1")
             await lookup("杭州天气-CANARY", note="CANARY-KW-e2e2")
             step.tool_call("search", {"q": "CANARY-ARG-7f3a"}, result="CANARY-RESULT-91c2")
             step.progress(facts=["CANARY-FACT-55d0"])

@@ -164,10 +164,15 @@ def test_missing_evidence_is_degraded(sink: SpanSink) -> None:
     assert claims_done() == "fixed it!"  # value unchanged; the record says degraded
     assert proves_done() == "fixed it!"
     assert failed_tests() == "fixed it?"
-    reasons = [(s.attributes["guard.stop.status"], s.attributes["guard.stop.reason"])
-               for s in sink.named("invoke_agent")]
-    assert reasons == [("degraded", "missing_evidence"), ("completed", "final_answer"),
-                       ("degraded", "missing_evidence")]
+    reasons = [
+        (s.attributes["guard.stop.status"], s.attributes["guard.stop.reason"])
+        for s in sink.named("invoke_agent")
+    ]
+    assert reasons == [
+        ("degraded", "missing_evidence"),
+        ("completed", "final_answer"),
+        ("degraded", "missing_evidence"),
+    ]
 
 
 def test_tool_error_from_guard_tool(sink: SpanSink) -> None:
@@ -222,7 +227,9 @@ def test_user_and_operator_cancel(sink: SpanSink) -> None:
             pass
 
     assert (_stop(f, "user_cancel").status, _stop(f, "user_cancel").reason) == (
-        "cancelled", "user_cancel")
+        "cancelled",
+        "user_cancel",
+    )
     o = _stop(f, "operator_cancel")
     assert (o.reason, o.decided_by) == ("operator_cancel", "operator")
     o = _stop(f, "user pressed stop")  # free text -> user_cancel with the text as detail
@@ -269,3 +276,40 @@ def test_sync_reply_script_helpers_work(sink: SpanSink) -> None:
     model = FakeModel([Reply(tool_calls=(ToolCall("a", {"x": 1}),)), Reply(text="bye")])
     assert model.complete().tool_calls[0].id == "call_1"
     assert model.complete().text == "bye" and model.complete().text == "bye"
+
+
+def test_concurrent_tool_calls_never_oversell_the_quota(sink: SpanSink) -> None:
+    import threading
+
+    ran: list[int] = []
+    stops: list[str] = []
+
+    @guard.tool
+    def work(i: int) -> int:
+        time.sleep(0.002)
+        ran.append(i)
+        return i
+
+    @guard.run(agent="a", max_tool_calls=10)
+    def f() -> None:
+        import contextvars
+
+        def worker(i: int) -> None:
+            try:
+                work(i)
+            except guard.RunStopped as exc:
+                stops.append(exc.outcome.reason)
+
+        threads = [
+            threading.Thread(target=contextvars.copy_context().run, args=(worker, i))
+            for i in range(32)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    f()  # the workers caught their stops: the run returns, recorded as stopped
+    assert len(ran) == 10 and len(stops) == 22 and set(stops) == {"max_tool_calls"}
+    attrs = sink.named("invoke_agent")[0].attributes
+    assert attrs["guard.stop.reason"] == "max_tool_calls" and attrs["guard.usage.tool_calls"] == 10

@@ -31,7 +31,12 @@ def test_sync_run_returns_value_and_records_completion(sink: SpanSink) -> None:
     o = run.outcome
     assert (o.status, o.reason, o.decided_by) == ("completed", "final_answer", "sdk")
     assert (o.steps, o.model_calls, o.tool_calls, o.input_tokens, o.output_tokens) == (
-        1, 1, 1, 1200, 90)
+        1,
+        1,
+        1,
+        1200,
+        90,
+    )
     assert o.cost_usd == pytest.approx((1200 * 2.0 + 90 * 8.0) / 1e6)
     assert o.tenant == "acme" and o.agent == "refund-bot" and o.last_tool == "search"
     assert o.partial_result is False and o.trace_id == run.trace_id and len(o.trace_id) == 32
@@ -52,6 +57,7 @@ def test_sync_run_returns_value_and_records_completion(sink: SpanSink) -> None:
     assert ma["gen_ai.operation.name"] == "chat" and ma["gen_ai.request.model"] == "gpt-4.1"
     assert ma["gen_ai.usage.input_tokens"] == 1200 and ma["gen_ai.usage.output_tokens"] == 90
     assert "gen_ai.usage.cache_read.input_tokens" in ma and "guard.cost.usd" in ma
+    assert ma["gen_ai.provider.name"] == "openai"  # inferred from the model family
     ta = dict(tool.attributes)
     assert ta["gen_ai.tool.name"] == "search" and ta["gen_ai.operation.name"] == "execute_tool"
     assert len(ta["guard.action.fingerprint"]) == 32 and len(ta["guard.result.hash"]) == 32
@@ -117,7 +123,8 @@ def test_nested_run_gets_parent_and_counts_against_parent_budget(sink: SpanSink)
     assert p.reason == "token_budget" and p.input_tokens == 1100
     assert sink.named("invoke_agent child")[0].attributes["guard.parent_run.id"] == p.run_id
     assert sink.named("invoke_agent child")[0].context.trace_id == (
-        sink.named("invoke_agent parent")[0].context.trace_id)
+        sink.named("invoke_agent parent")[0].context.trace_id
+    )
 
 
 async def test_nested_async_child_stop_caused_by_parent_budget(sink: SpanSink) -> None:
@@ -142,24 +149,49 @@ def test_outcome_fields_on_stop(sink: SpanSink) -> None:
     def handle() -> None:
         while True:
             with guard.step() as step:
-                step.model_call(model="gpt-4.1", input_tokens=100, output_tokens=10,
-                                reasoning_tokens=4, cached_tokens=20)
+                step.model_call(
+                    model="gpt-4.1",
+                    input_tokens=100,
+                    output_tokens=10,
+                    reasoning_tokens=4,
+                    cached_tokens=20,
+                )
                 step.tool_call("lookup", {"id": 1}, result={"ok": True}, attempts=2)
 
     with pytest.raises(guard.RunStopped) as stop:
         handle()
     o = stop.value.outcome
     fields = {f.name for f in dataclasses.fields(o)}
-    for name in ("status", "reason", "steps", "model_calls", "tool_calls", "tool_attempts",
-                 "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens",
-                 "cost_usd", "elapsed_ms", "deadline_ms", "last_tool", "last_action_hash",
-                 "loop_hits", "recoverable", "partial_result"):
+    for name in (
+        "status",
+        "reason",
+        "steps",
+        "model_calls",
+        "tool_calls",
+        "tool_attempts",
+        "input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "cached_tokens",
+        "cost_usd",
+        "elapsed_ms",
+        "deadline_ms",
+        "last_tool",
+        "last_action_hash",
+        "loop_hits",
+        "recoverable",
+        "partial_result",
+    ):
         assert name in fields
     assert (o.status, o.reason) == ("terminated", "max_steps")
     assert "max_steps 2 reached (steps=2)" in o.message
     assert (o.steps, o.model_calls, o.tool_calls, o.tool_attempts) == (2, 2, 2, 4)
     assert (o.input_tokens, o.output_tokens, o.reasoning_tokens, o.cached_tokens) == (
-        200, 20, 8, 40)
+        200,
+        20,
+        8,
+        40,
+    )
     assert o.cost_usd > 0 and o.deadline_ms == 60_000 and o.elapsed_ms >= 0
     assert o.last_tool == "lookup" and len(o.last_action_hash) == 32
     assert o.partial_result is True and o.recoverable is True and o.loop_hits >= 0

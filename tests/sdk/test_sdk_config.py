@@ -21,6 +21,11 @@ def test_environment_is_read_and_arguments_win(monkeypatch: pytest.MonkeyPatch) 
     assert get_settings() is s
 
 
+def test_secrets_stay_out_of_repr() -> None:
+    s = guard.configure(token="sekret-token", hmac_key=b"sekret-hmac-key")
+    assert "sekret" not in repr(s)
+
+
 def test_defaults_without_configure() -> None:
     s = get_settings()
     assert s.endpoint is None and s.tenant == "default" and s.disabled is False

@@ -1,0 +1,120 @@
+"""A minimal in-test GuardControl servicer on a real grpc server (127.0.0.1:0)."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from guard.v1 import guard_pb2 as pb
+from guard.v1 import guard_pb2_grpc as pb_grpc
+
+__all__ = ["FakeGuard"]
+
+
+class FakeGuard(pb_grpc.GuardControlServicer):
+    """Answers Hello with Welcome and RunStarted with ``decide(run_started) -> GuardMessage``
+    (or nothing when it returns None). Records every AgentMessage."""
+
+    def __init__(self, decide: Callable[[pb.RunStarted], pb.GuardMessage | None] | None = None):
+        self.decide = decide or (
+            lambda rs: pb.GuardMessage(
+                admit=pb.Admit(run_id=rs.run_id, request_id=rs.request_id, effective=rs.requested)
+            )
+        )
+        self.received: list[pb.AgentMessage] = []
+        self.metadata: list[dict] = []
+        self.streams: list[queue.Queue[Any]] = []
+        self.cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pb_grpc.add_GuardControlServicer_to_server(self, self.server)
+        self.traces = _Traces()
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self.traces, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+    def send(self, **body: Any) -> int:
+        """Push a GuardMessage (e.g. ``cancel=pb.Directive(...)``) on the newest stream."""
+        cid = next(self._ids)
+        self.streams[-1].put(pb.GuardMessage(command_id=cid, sent_at_unix=time.time(), **body))
+        return cid
+
+    def drop_stream(self) -> None:
+        self.streams[-1].put(None)
+
+    def wait(self, pred: Callable[[pb.AgentMessage], bool], timeout: float = 5.0):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for m in self.received:
+                    if pred(m):
+                        return m
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+
+    def of(self, kind: str) -> list[Any]:
+        with self.cond:
+            return [getattr(m, kind) for m in self.received if m.WhichOneof("body") == kind]
+
+    def Attach(self, request_iterator, context):
+        out: queue.Queue[Any] = queue.Queue()
+        self.metadata.append(dict(context.invocation_metadata()))
+        self.streams.append(out)
+
+        def reader() -> None:
+            try:
+                for msg in request_iterator:
+                    with self.cond:
+                        self.received.append(msg)
+                        self.cond.notify_all()
+                    kind = msg.WhichOneof("body")
+                    if kind == "hello":
+                        out.put(
+                            pb.GuardMessage(
+                                command_id=next(self._ids),
+                                welcome=pb.Welcome(guard_id="fake", heartbeat_interval_ms=100),
+                            )
+                        )
+                    elif kind == "run_started":
+                        reply = self.decide(msg.run_started)
+                        if reply is not None:
+                            reply.command_id = next(self._ids)
+                            out.put(reply)
+            except grpc.RpcError:
+                pass
+            out.put(None)
+
+        threading.Thread(target=reader, daemon=True).start()
+        while True:
+            item = out.get()
+            if item is None or not context.is_active():
+                return
+            yield item
+
+
+class _Traces(trace_service_pb2_grpc.TraceServiceServicer):
+    """Keeps every OTLP export request as received (serialized bytes)."""
+
+    def __init__(self) -> None:
+        self.raw: list[bytes] = []
+
+    def Export(self, request, context):
+        self.raw.append(request.SerializeToString())
+        return trace_service_pb2.ExportTraceServiceResponse()

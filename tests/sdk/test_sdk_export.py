@@ -1,0 +1,168 @@
+"""Spans reach the application's TracerProvider and, through the real OTLP exporter, a guard."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+import guard
+from guard.testing import capture_spans
+
+APP_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    import guard
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)  # the application's own pipeline
+    tracer = trace.get_tracer("app")
+
+    @guard.run(agent="app-bot", max_steps=3)
+    def handle():
+        with guard.step() as step:
+            step.model_call(model="gpt-4.1", input_tokens=5, output_tokens=1)
+        return "ok"
+
+    with tracer.start_as_current_span("http request") as root:
+        assert handle() == "ok"
+    spans = exporter.get_finished_spans()
+    run = [s for s in spans if s.name == "invoke_agent app-bot"][0]
+    print(json.dumps({"names": [s.name for s in spans],
+                      "same_trace": len({s.context.trace_id for s in spans}) == 1,
+                      "run_parent_is_app": run.parent.span_id == root.get_span_context().span_id}))
+    """
+)
+
+
+def test_application_tracer_provider_receives_the_spans() -> None:
+    # A subprocess: the global provider can be set only once per process.
+    out = subprocess.run(
+        [sys.executable, "-c", APP_SCRIPT], capture_output=True, text=True, timeout=60, check=True
+    )
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["names"] == ["chat gpt-4.1", "guard.step", "invoke_agent app-bot", "http request"]
+    assert data["same_trace"] and data["run_parent_is_app"]
+
+
+class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, str, dict]] = []
+        self.metadata: list[dict] = []
+        self.cond = threading.Condition()
+
+    def Export(self, request, context):
+        now = time.monotonic()
+        md = dict(context.invocation_metadata())
+        with self.cond:
+            self.metadata.append(md)
+            for rs in request.resource_spans:
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        attrs = {kv.key: kv.value for kv in span.attributes}
+                        self.spans.append((now, span.name, attrs))
+            self.cond.notify_all()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def wait_for(self, name: str, timeout: float) -> float | None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for t, n, _ in self.spans:
+                    if n == name:
+                        return t
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+
+
+@pytest.fixture
+def collector():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    svc = _Collector()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(svc, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield svc, port
+    server.stop(None)
+
+
+def test_step_span_reaches_the_guard_quickly_through_the_real_otlp_exporter(collector) -> None:
+    svc, port = collector
+    with capture_spans(
+        endpoint=f"127.0.0.1:{port}", token="t0ken", hmac_key=b"k" * 16, admit_timeout_ms=50
+    ):
+        # warm-up run: channel connect and first export pay one-time costs
+        @guard.run(agent="warm")
+        def warm() -> None:
+            with guard.step():
+                pass
+
+        warm()
+        assert svc.wait_for("invoke_agent warm", 10) is not None
+        box: dict = {}
+
+        @guard.run(agent="fast", max_steps=5)
+        def f() -> None:
+            with guard.step() as step:
+                step.tool_call("search", {"q": "x"}, result=1)
+            box["step_end"] = time.monotonic()
+            time.sleep(0.5)  # the run is still going: the step span must not wait for it
+
+        th = threading.Thread(target=f)
+        th.start()
+        arrived = None
+        deadline = time.monotonic() + 5
+        while arrived is None and time.monotonic() < deadline:
+            arrived = next(
+                (
+                    t
+                    for t, n, a in svc.spans
+                    if n == "guard.step"
+                    and a.get("guard.step.index")
+                    and "step_end" in box
+                    and t >= box["step_end"] - 0.05
+                ),
+                None,
+            )
+            time.sleep(0.002)
+        th.join()
+        assert arrived is not None
+        latency = arrived - box["step_end"]
+        assert latency < 0.5, f"step span took {latency * 1000:.0f} ms to reach the guard"
+        assert any(md.get("authorization") == "Bearer t0ken" for md in svc.metadata)
+        assert guard.flush(5)
+        names = [n for _, n, _ in svc.spans]
+        assert "invoke_agent fast" in names and "execute_tool search" in names
+
+
+def test_export_errors_are_counted_not_raised() -> None:
+    from guard.sdk._runtime import get_runtime
+
+    with capture_spans(endpoint="127.0.0.1:9", export_timeout_s=0.2, admit_timeout_ms=10):
+
+        @guard.run(agent="a")
+        def f() -> str:
+            with guard.step():
+                pass
+            return "fine"
+
+        assert f() == "fine"  # nobody listens on port 9: the agent does not notice
+        rt = get_runtime()
+        rt.flush(3)
+        assert rt.processor is not None and rt.processor.failed >= 1

@@ -1,0 +1,118 @@
+"""The SDK against the real guard server (guard.server.GuardServer on 127.0.0.1:0)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+import guard
+from guard.policy import PolicyConfig
+from guard.testing import capture_spans
+from guard.v1 import guard_pb2 as pb
+from guard.v1 import guard_pb2_grpc as pb_grpc
+
+server_mod = pytest.importorskip("guard.server")
+
+POLICY = {
+    "runs": {"max_steps": 3},
+    "tenants": {"tiny": {"rolling": [{"metric": "runs", "limit": 1, "window_s": 3600}]}},
+}
+
+
+@pytest.fixture
+def real_guard() -> Iterator[dict[str, Any]]:
+    """A real guard on its own event loop thread (the SDK's client has its own loop too)."""
+    box: dict[str, Any] = {"sink": server_mod.MemorySink()}
+    ready = threading.Event()
+
+    async def serve() -> None:
+        cfg = PolicyConfig.from_dict(POLICY)
+        async with server_mod.GuardServer(cfg, listen="127.0.0.1:0", sink=box["sink"]) as srv:
+            box["port"] = srv.port
+            ready.set()
+            while not box.get("stop"):
+                await asyncio.sleep(0.02)
+
+    th = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    th.start()
+    assert ready.wait(20)
+    yield box
+    box["stop"] = True
+    th.join(10)
+
+
+def _wait_runs(sink: Any, n: int) -> list[Any]:
+    deadline = time.monotonic() + 5
+    while len(sink.runs) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return list(sink.runs)
+
+
+def test_admit_deny_and_records_through_the_real_guard(real_guard: dict[str, Any]) -> None:
+    with capture_spans(endpoint=f"127.0.0.1:{real_guard['port']}", tenant="acme"):
+
+        @guard.run(agent="bot", max_steps=10)  # the guard's policy tightens this to 3
+        def loop() -> None:
+            while True:
+                with guard.step() as step:
+                    step.model_call(model="gpt-4.1", input_tokens=10, output_tokens=1)
+
+        with pytest.raises(guard.RunStopped) as info:
+            loop()
+        assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
+
+        @guard.run(agent="bot", tenant="tiny")
+        def small() -> str:
+            return "ran"
+
+        assert small() == "ran"
+        with pytest.raises(guard.RunStopped) as denied:
+            small()  # the tenant's one run per hour is used up
+        o = denied.value.outcome
+        assert (o.status, o.reason, o.decided_by) == ("terminated", "tenant_budget", "guard")
+        guard.shutdown()
+    runs = _wait_runs(real_guard["sink"], 3)
+    assert [(r.reason.value, r.decided_by.value) for r in runs] == [
+        ("max_steps", "sdk"),
+        ("final_answer", "sdk"),
+        ("tenant_budget", "guard"),
+    ]
+
+
+async def test_operator_cancel_through_guard_admin(real_guard: dict[str, Any]) -> None:
+    port = real_guard["port"]
+    with capture_spans(endpoint=f"127.0.0.1:{port}", tenant="acme"):
+        box: dict[str, Any] = {}
+
+        @guard.run(agent="sleepy")
+        async def f() -> None:
+            box["run"] = guard.current_run()
+            async with guard.step():
+                await asyncio.sleep(60)
+
+        task = asyncio.ensure_future(f())
+        while "run" not in box:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # admitted and registered with the guard
+
+        def admin_cancel() -> Any:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                sel = pb.Selector(run_id=box["run"].run_id)
+                return pb_grpc.GuardAdminStub(ch).Cancel(
+                    pb.CancelRequest(selector=sel, reason="user left")
+                )
+
+        t0 = time.monotonic()
+        resp = await asyncio.to_thread(admin_cancel)
+        assert list(resp.run_ids) == [box["run"].run_id]
+        with pytest.raises(guard.RunStopped) as info:
+            await task
+        assert time.monotonic() - t0 < 2.0
+        o = info.value.outcome
+        assert (o.status, o.reason, o.decided_by) == ("cancelled", "operator_cancel", "operator")
