@@ -8,6 +8,7 @@ Rows and series points are plain dicts with the field names of the proto message
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ ROW_FIELDS = (
     "p50_steps", "p95_steps", "p95_cost_usd", "p95_elapsed_ms",
 )  # fmt: skip
 SERIES_FIELDS = ("bucket_start_unix", "status", "reason", "runs", "cost_usd")
+MAX_BUCKETS = 1440  # a day of minutes; wider ranges get wider buckets
 
 
 @dataclass(slots=True)
@@ -70,7 +72,11 @@ def query_report(
     agent: str | None = None,
     bucket_s: int = 60,
 ) -> Report:
-    """Read the distribution with -Merge combinators (the table is only eventually merged)."""
+    """Read the distribution with -Merge combinators (the table is only eventually merged).
+
+    ``bucket_s`` is rounded to whole minutes and doubled until the series has at most
+    MAX_BUCKETS buckets, so a month at the default 60 s does not return 40k points per reason.
+    """
     where, params = _where(since, until, tenant, agent)
     rows_sql = f"""
         SELECT status, reason, sum(runs) AS n, sum(steps_sum),
@@ -99,7 +105,7 @@ def query_report(
                 "p95_elapsed_ms": _num(eq[1]),
             }
         )
-    bucket = max(60, int(bucket_s or 60) // 60 * 60)  # whole minutes: the table's grain
+    bucket = _bucket(client, database, where, params, since, until, bucket_s)
     series_sql = f"""
         SELECT toUnixTimestamp(toStartOfInterval(minute, INTERVAL {bucket} SECOND)) AS b,
                status, reason, sum(runs), sum(cost_usd_sum), sum(priced_runs)
@@ -119,6 +125,31 @@ def query_report(
             }
         )
     return report
+
+
+def _bucket(
+    client: Any,
+    database: str,
+    where: str,
+    params: dict,
+    since: float | None,
+    until: float | None,
+    bucket_s: int,
+) -> int:
+    """Whole minutes (the table's grain), widened so a series has at most MAX_BUCKETS."""
+    bucket = max(60, int(bucket_s or 60) // 60 * 60)
+    if since is None:
+        first = client.query(
+            f"SELECT toUnixTimestamp(min(minute)), count() FROM {database}.stop_reasons_1m{where}",
+            parameters=params,
+        ).result_rows[0]
+        if not first[1]:
+            return bucket
+        since = float(first[0])
+    span = (time.time() if until is None else until) - since
+    while span / bucket > MAX_BUCKETS:
+        bucket *= 2
+    return bucket
 
 
 def report_to_pb(report: Report) -> Any:

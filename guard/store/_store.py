@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -23,7 +24,7 @@ from guard.store._schema import migrate
 from guard.store._wal import Spool, Wal
 from guard.store._writer import Writer
 
-__all__ = ["Store", "open_store"]
+__all__ = ["Store", "open_store", "read_report"]
 
 log = logging.getLogger("guard.store")
 
@@ -55,6 +56,31 @@ def open_store(
     return store
 
 
+def read_report(dsn: str | None, *, data_dir: Path | str, **query: Any) -> Report:
+    """One report without a running guard (``otel-guard report --clickhouse``/fallback).
+
+    A server DSN is read with a plain client: no WAL, no spool, no data-dir lock, so it
+    works next to a guard that uses the same ``data_dir``. An embedded DSN needs the engine
+    itself, so the store is opened (which also replays what a crashed guard left behind).
+    """
+    parsed = parse_dsn(dsn, data_dir=Path(data_dir))
+    if parsed.embedded:
+        assert parsed.path is not None
+        embedded_dir = Path(data_dir) if dsn is None else parsed.path.parent
+        with open_store(dsn, data_dir=embedded_dir, retention_days=None) as store:
+            return store.report(**query)
+    try:
+        client = connect(parsed)
+    except Exception as ex:
+        raise StoreError(f"cannot reach {parsed.redacted()}: {ex}") from ex
+    try:
+        return query_report(client, parsed.database, **query)
+    except Exception as ex:
+        raise StoreError(f"report from {parsed.redacted()} failed: {ex}") from ex
+    finally:
+        client.close()
+
+
 class Store:
     """ClickHouse-backed RecordSink. ``write_run``/``write_decision`` never block or raise."""
 
@@ -83,42 +109,71 @@ class Store:
         self._read_client: Any = None
         self._read_lock = threading.Lock()
         try:
-            self._wal = Wal(base / "wal")
+            self._epoch = uuid.uuid4().hex[:12]
+            self._wal = Wal(base / "wal", epoch=self._epoch)
             self._spool = Spool(base)
             self._recover()
-            client = connect(dsn)
-            try:
-                migrate(client, self.database, retention_days=retention_days)
-            except Exception:
-                client.close()
-                raise
+            self._retention_days = retention_days
+            self._migrated = False
+            client = self._connect_writer(at_open=True)
         except Exception as ex:
             self._release()
             if isinstance(ex, StoreError | ConfigError):
                 raise
             raise StoreError(f"cannot open store {dsn.redacted()}: {ex}") from ex
         self._writer = Writer(
-            client_factory=lambda: connect(dsn),
+            client_factory=self._connect_writer,
             database=self.database,
             wal=self._wal,
             spool=self._spool,
             lock=self._lock,
             queue=self._q,
             counters=self._counters,
-            epoch=uuid.uuid4().hex[:12],
+            epoch=self._epoch,
             batch_rows=batch_rows,
             flush_interval_s=flush_interval_s,
         )
         self._writer.client = client
         self._writer.start()
 
+    def _connect_writer(self, *, at_open: bool = False) -> Any:
+        """A client with the schema migrated. A ClickHouse *server* that cannot be reached
+        at start is not fatal: the guard starts, the writer spools, and the migrations run
+        on the first successful connect. (Bad credentials or DDL errors still raise.)"""
+        from clickhouse_connect.driver.exceptions import OperationalError
+
+        client = None
+        try:
+            client = connect(self.dsn)
+            if not self._migrated:
+                migrate(client, self.database, retention_days=self._retention_days)
+                self._migrated = True
+            return client
+        except OperationalError as ex:
+            if client is not None:
+                client.close()
+            if not (at_open and not self.dsn.embedded):
+                raise
+            log.warning(
+                "store: ClickHouse %s unreachable at start (%s); spooling until it is back",
+                self.dsn.redacted(),
+                ex,
+            )
+            return None
+        except Exception:
+            if client is not None:
+                client.close()
+            raise
+
     def _recover(self) -> None:
         # Move a previous process's uncommitted WAL records into the spool, in order; the
         # writer replays them (with their original tokens where a batch had been formed).
-        pending, loose = self._wal.recover()
-        epoch = "rec" + uuid.uuid4().hex[:9]
+        pending, loose, old_epoch = self._wal.recover()
+        epoch = f"{old_epoch}-rec"
         n = 0
         for kind, token, rows in pending:
+            if kind == "r":  # one row per run id, as the writer would have sent it
+                rows = _first_per_run(rows)
             self._spool.append(kind, token, rows)
             n += len(rows)
         for kind in ("r", "d"):
@@ -173,6 +228,7 @@ class Store:
                 self._counters["dropped"] += 1
                 log.error("store: DROPPED a %s record: queue full and WAL unwritable", kind)
             self._writer.last_seq = seq
+            self._writer.caught_up = False
             self._counters["queued"] += 1
             self._writer.idle.clear()
             full = len(self._q) >= self._writer.batch_rows
@@ -190,34 +246,47 @@ class Store:
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything accepted so far is in ClickHouse. False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        self._writer.retry_now()
-        self._writer.idle.clear()
-        self._writer.wake.set()
+        return self._wait(timeout_s, durable_ok=False)
+
+    def _wait(self, timeout_s: float, *, durable_ok: bool) -> bool:
+        # durable_ok (close): also stop waiting once every record is at least in the spool
+        # and ClickHouse has refused a replay since we started: waiting longer buys nothing.
+        start = time.monotonic()
+        deadline = start + timeout_s
+        w = self._writer
+        w.retry_now()
+        w.idle.clear()
+        w.wake.set()
         while time.monotonic() < deadline:
-            if self._writer.idle.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if w.idle.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
                 return True
-            if not self._writer.is_alive():
+            if not w.is_alive():
                 return False
-            self._writer.wake.set()
+            if durable_ok and w.caught_up and w.failed_at > start:
+                return False
+            w.wake.set()
         return False
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush, stop the writer and release the data dir. Idempotent."""
         if self._closed:
             return
-        ok = self.flush(timeout_s)
+        ok = self._wait(timeout_s, durable_ok=True)
         with self._lock:
             self._closed = True
         self._writer.stopping = True
         self._writer.wake.set()
         self._writer.join(max(0.1, timeout_s))
         with self._lock:
-            # Everything committed -> the WAL is no longer needed; otherwise it stays and
-            # the next open recovers it.
-            self._wal.close(delete=ok and not self._writer.is_alive())
+            # Every record in ClickHouse or the spool -> the WAL is no longer needed;
+            # otherwise it stays and the next open recovers it.
+            self._wal.close(delete=self._writer.caught_up and not self._writer.is_alive())
         if not ok:
-            log.error("store: closed with records not yet in ClickHouse: %s", self.counters())
+            log.warning(
+                "store: closed with records not yet in ClickHouse (kept on disk, replayed at "
+                "the next start): %s",
+                self.counters(),
+            )
         for client in (self._writer.client, self._read_client):
             if client is not None and not self._writer.is_alive():
                 with contextlib.suppress(Exception):  # closing is best effort
@@ -248,18 +317,21 @@ class Store:
         bucket_s: int = 60,
     ) -> Report:
         """Stop-reason distribution and time series from ``stop_reasons_1m``."""
-        with self._read_lock:
-            if self._read_client is None:
-                self._read_client = connect(self.dsn)
-            return query_report(
-                self._read_client,
-                self.database,
-                since=since,
-                until=until,
-                tenant=tenant,
-                agent=agent,
-                bucket_s=bucket_s,
-            )
+        try:
+            with self._read_lock:
+                if self._read_client is None:
+                    self._read_client = connect(self.dsn)
+                return query_report(
+                    self._read_client,
+                    self.database,
+                    since=since,
+                    until=until,
+                    tenant=tenant,
+                    agent=agent,
+                    bucket_s=bucket_s,
+                )
+        except Exception as ex:
+            raise StoreError(f"report from {self.dsn.redacted()} failed: {ex}") from ex
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """Run a read query on the store's engine (tests, dashboards checks, the demo)."""
@@ -267,6 +339,17 @@ class Store:
             if self._read_client is None:
                 self._read_client = connect(self.dsn)
             return self._read_client.query(sql, parameters=parameters).result_rows
+
+
+def _first_per_run(rows: list[str]) -> list[str]:
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        run_id = json.loads(row)[0]
+        if run_id not in seen:
+            seen.add(run_id)
+            kept.append(row)
+    return kept
 
 
 def _lock_dir(path: Path) -> int:

@@ -45,8 +45,9 @@ Record = tuple[int, str, str]  # (seq, kind, row JSON)
 class Wal:
     """Append-only, segmented write-ahead log of accepted records."""
 
-    def __init__(self, directory: Path, *, segment_bytes: int = 8 << 20) -> None:
+    def __init__(self, directory: Path, *, epoch: str, segment_bytes: int = 8 << 20) -> None:
         self.dir = directory
+        self.epoch = epoch  # written at the top of every segment: see recover()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self._old = sorted(self.dir.glob("seg-*.log"))  # from a previous process
@@ -60,15 +61,23 @@ class Wal:
 
     # -- recovery -------------------------------------------------------------------------
 
-    def recover(self) -> tuple[list[tuple[str, str, list[str]]], list[Record]]:
-        """Read a previous process's segments: (uncommitted batches, unbatched records)."""
+    def recover(self) -> tuple[list[tuple[str, str, list[str]]], list[Record], str]:
+        """Read a previous process's segments.
+
+        Returns (uncommitted batches with their tokens, unbatched records, that process's
+        epoch). The epoch makes tokens for the unbatched records deterministic (a crash
+        during recovery re-derives the same ones) yet unique across process generations.
+        """
         records: dict[int, tuple[str, str]] = {}
         batches: list[tuple[str, int, int, str]] = []
         done = 0
+        epoch = ""
         for path in self._old:
             for item in _read_lines(path):
                 if isinstance(item, tuple):
                     records[item[0]] = (item[1], item[2])
+                elif "e" in item:
+                    epoch = epoch or str(item["e"])
                 elif "b" in item:
                     batches.append(tuple(item["b"]))  # type: ignore[arg-type]
                 elif "d" in item:
@@ -85,7 +94,7 @@ class Wal:
         loose = [
             (s, k, row) for s, (k, row) in sorted(records.items()) if s > done and s not in covered
         ]
-        return pending, loose
+        return pending, loose, epoch or f"noepoch{self._old[0].stem[4:] if self._old else ''}"
 
     def drop_old(self) -> None:
         """Delete the previous process's segments (after their content reached the spool)."""
@@ -123,7 +132,8 @@ class Wal:
         self._path = self.dir / f"seg-{self._next_index:08d}.log"
         self._next_index += 1
         self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = 0
+        header = (_DUMPS({"e": self.epoch}) + "\n").encode()
+        self._size = os.write(self._fd, header)
 
     def fsync(self) -> None:
         if self._fd >= 0:
@@ -139,9 +149,17 @@ class Wal:
                 keep.append((path, max_seq))
         self._closed = keep
 
-    def read_range(self, lo: int, hi: int) -> list[Record]:
-        """Records lo..hi of this process (the overflow path: they never made it to memory)."""
-        paths = [p for p, _ in self._closed] + ([self._path] if self._path else [])
+    def segments(self) -> list[Path]:
+        """This process's segments, oldest first (snapshot; call under the store lock)."""
+        return [p for p, _ in self._closed] + ([self._path] if self._path else [])
+
+    @staticmethod
+    def read_range(paths: list[Path], lo: int, hi: int) -> list[Record]:
+        """Records lo..hi in ``paths`` (the overflow path: they never made it to memory).
+
+        Reads without the store lock: closed segments are immutable, and only the writer
+        thread (the caller) ever deletes one.
+        """
         out = {}
         for path in paths:
             for item in _read_lines(path):

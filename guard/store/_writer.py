@@ -67,6 +67,8 @@ class Writer(threading.Thread):
         self.stopping = False
         self.overflow = False  # records exist in the WAL only (the queue was full)
         self.last_seq = 0  # last seq accepted (set by the store under lock)
+        self.caught_up = False  # every accepted record is in ClickHouse or the spool
+        self.failed_at = 0.0  # monotonic time of the last failed insert
         self._next_seq = 1
         self._down_until = 0.0
         self._backoff_s = 0.0
@@ -86,10 +88,11 @@ class Writer(threading.Thread):
             except Exception:  # never let the thread die: records are safe in the WAL
                 log.exception("store writer cycle failed; retrying")
                 time.sleep(0.2)
-            with self._lock:
+            with self._lock:  # set idle under the lock: _accept clears it under the lock
                 caught_up = self._next_seq > self.last_seq and not self.overflow
-            if caught_up and not self._spool.pending:
-                self.idle.set()
+                self.caught_up = caught_up
+                if caught_up and not self._spool.pending:
+                    self.idle.set()
             if stopping and caught_up:
                 return
 
@@ -99,12 +102,7 @@ class Writer(threading.Thread):
                 overflow, self.overflow = self.overflow, False
                 last = self.last_seq
             if overflow:  # read what never reached memory back from the WAL
-                with self._lock:
-                    items = [
-                        (*rec, _key(rec)) for rec in self._wal.read_range(self._next_seq, last)
-                    ]
-                while self._q and self._q[0][0] <= last:
-                    self._q.popleft()
+                items = self._from_wal(self._next_seq, last)
                 for i in range(0, len(items), self.batch_rows):
                     self._process(items[i : i + self.batch_rows])
                 self._next_seq = max(self._next_seq, last + 1)
@@ -116,9 +114,23 @@ class Writer(threading.Thread):
                     items.append(item)
             if not items:
                 return
+            if items[0][0] > self._next_seq:  # a gap (a failed cycle): the WAL has it
+                items = self._from_wal(self._next_seq, items[0][0] - 1) + items
             self._process(items)
             if len(self._q) < self.batch_rows and not self.stopping:
                 return  # wait for a full batch or the next tick
+
+    def _from_wal(self, lo: int, hi: int) -> list[tuple[int, str, str, str]]:
+        """Records lo..hi from the WAL, plus any still queued (a record whose WAL append
+        failed lives only in the queue)."""
+        with self._lock:
+            paths = self._wal.segments()
+        found = {rec[0]: (*rec, _key(rec)) for rec in self._wal.read_range(paths, lo, hi)}
+        while self._q and self._q[0][0] <= hi:
+            item = self._q.popleft()
+            if item[0] >= lo:
+                found.setdefault(item[0], item)
+        return [found[seq] for seq in sorted(found)]
 
     def _process(self, items: list[tuple[int, str, str, str]]) -> None:
         lo, hi = items[0][0], items[-1][0]
@@ -129,16 +141,24 @@ class Writer(threading.Thread):
             batches.append(("r", f"{self._epoch}-r-{lo}-{hi}", self._dedup_runs(runs)))
         if decisions:
             batches.append(("d", f"{self._epoch}-d-{lo}-{hi}", decisions))
-        with self._lock:
-            for kind, token, _ in batches:
-                self._wal.mark_batch(kind, lo, hi, token)
-        self._wal.fsync()
+        try:
+            with self._lock:
+                for kind, token, _ in batches:
+                    self._wal.mark_batch(kind, lo, hi, token)
+            self._wal.fsync()
+        except OSError as ex:  # markers only make a crash-replay reuse the token: go on
+            log.error(
+                "store: WAL marker write failed (%s); delivering batch %d-%d anyway", ex, lo, hi
+            )
         for kind, token, rows in batches:
             if rows:
                 self._deliver(kind, token, rows)
-        with self._lock:
-            self._wal.mark_done(hi)
-            self._wal.retire(hi)
+        try:
+            with self._lock:
+                self._wal.mark_done(hi)
+                self._wal.retire(hi)
+        except OSError as ex:
+            log.error("store: WAL done-marker write failed (%s)", ex)
         self._next_seq = hi + 1
 
     def _dedup_runs(self, rows: list[tuple[str, str]]) -> list[str]:
@@ -174,7 +194,8 @@ class Writer(threading.Thread):
             self._spool.append(kind, token, rows)
             self._c["spooled"] += len(rows)
         except OSError as ex:
-            self._c["dropped"] += len(rows)
+            with self._lock:
+                self._c["dropped"] += len(rows)
             log.error(
                 "store: DROPPED %d %s records: ClickHouse unreachable and spool write failed: %s",
                 len(rows),
@@ -204,7 +225,10 @@ class Writer(threading.Thread):
                         self._spool.advance(end)
                         progressed = True
                         continue
-                    self._mark_down(ex)
+                    if token in self._poison:  # the server answered: retry soon, no backoff
+                        self._down_until = time.monotonic() + 0.2
+                    else:
+                        self._mark_down(ex)
                     return
                 self._poison.pop(token, None)
                 self._c["replayed"] += n
@@ -223,6 +247,7 @@ class Writer(threading.Thread):
         return self._poison[token] >= _POISON_ATTEMPTS
 
     def _mark_down(self, ex: Exception) -> None:
+        self.failed_at = time.monotonic()
         self._backoff_s = min(30.0, max(0.25, self._backoff_s * 2))
         self._down_until = time.monotonic() + self._backoff_s
         log.warning(

@@ -28,6 +28,7 @@ if mode == "queued":
     s = open_store(None, data_dir=data_dir, batch_rows=10**9, flush_interval_s=3600)
 else:
     s = open_store(None, data_dir=data_dir, batch_rows=200, flush_interval_s=0.01)
+s._wal.segment_bytes = 64 * 1024  # recovery must stitch many WAL segments together
 if mode == "spooled":
     flaky(s).down = True
 for i in range(2000):

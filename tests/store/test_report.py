@@ -81,6 +81,10 @@ def test_filters(seeded: Path, capsys) -> None:
     assert 0 < recent < N and recent + old == N
     assert json.loads(_cli(capsys, *direct, "--since", "2030-01-01T00:00:00"))["total_runs"] == 0
     assert "no finished runs" in _cli(capsys, *direct[:-1], "--tenant", "nobody")
+    # 30 days at 1-minute buckets would be 43k buckets: widened to at most 1440 (32 min)
+    month = json.loads(_cli(capsys, *direct, "--since", "30d", "--bucket", "1m"))
+    assert month["total_runs"] == N
+    assert all(p["bucket_start_unix"] % 1920 == 0 for p in month["series"])
 
 
 def test_falls_back_to_the_embedded_store_when_no_guard_answers(seeded: Path, capsys) -> None:
@@ -157,3 +161,24 @@ def test_parse_time() -> None:
     with pytest.raises(ValueError, match="yesterday"):
         parse_time("yesterday")
     assert main(["report", "--since", "yesterday"]) == 2
+
+
+def test_report_from_a_server_dsn_needs_no_local_data_dir(tmp_path: Path) -> None:
+    # A guard holds ./data; `report --clickhouse http://…` must not try to take its lock.
+    from guard.errors import StoreError
+    from guard.store import read_report
+
+    with open_store(None, data_dir=tmp_path):
+        with pytest.raises(StoreError) as exc:
+            read_report(f"http://u:pw1@127.0.0.1:{_free_port()}", data_dir=tmp_path)
+        assert "cannot reach" in str(exc.value) and "pw1" not in str(exc.value)
+        with pytest.raises(SystemExit, match="cannot reach"):
+            main(
+                [
+                    "report",
+                    "--clickhouse",
+                    f"http://127.0.0.1:{_free_port()}",
+                    "--data-dir",
+                    str(tmp_path),
+                ]
+            )

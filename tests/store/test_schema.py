@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
+from conftest import outcome
 
 from guard.errors import ConfigError, StoreError
 from guard.store import open_store, parse_dsn
@@ -102,19 +104,38 @@ def test_parse_dsn_forms(tmp_path: Path) -> None:
             parse_dsn(bad, data_dir=tmp_path)
 
 
-def test_unreachable_server_is_a_store_error_without_the_password(tmp_path: Path) -> None:
+def test_a_server_down_at_start_spools_and_report_errors_without_the_password(
+    tmp_path: Path,
+) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    with pytest.raises(StoreError) as exc:
-        open_store(f"http://bob:hunter2@127.0.0.1:{port}/?database=og", data_dir=tmp_path)
-    assert "hunter2" not in str(exc.value) and f"127.0.0.1:{port}" in str(exc.value)
-    assert not (tmp_path / "store" / "wal").exists() or not list(
-        (tmp_path / "store" / "wal").iterdir()
-    )
+    dsn = f"http://bob:hunter2@127.0.0.1:{port}/?database=og"
+    # the guard must start during a ClickHouse outage: records spool until it is back
+    with open_store(dsn, data_dir=tmp_path, flush_interval_s=0.05) as s:
+        for i in range(20):
+            s.write_run(outcome(i))
+        assert not s.flush(0.5)
+        assert s.counters()["spooled"] == 20 and s.counters()["dropped"] == 0
+        with pytest.raises(StoreError) as exc:
+            s.report()
+        assert "hunter2" not in str(exc.value) and f"127.0.0.1:{port}" in str(exc.value)
+    assert (tmp_path / "store" / "spool.log").stat().st_size > 0  # kept for the next start
 
 
 def test_data_dir_is_locked_per_process(tmp_path: Path) -> None:
     with open_store(None, data_dir=tmp_path), pytest.raises(StoreError, match="in use by process"):
         open_store(None, data_dir=tmp_path)
     open_store(None, data_dir=tmp_path).close()  # released on close
+
+
+def test_ttl_expires_rows_past_retention(tmp_path: Path) -> None:
+    old = time.time() - 40 * 86400
+    with open_store(None, data_dir=tmp_path, retention_days=30, flush_interval_s=0.05) as s:
+        s.write_run(outcome(1, now=old, started_at=old - 5, ended_at=old))
+        s.write_run(outcome(2))
+        assert s.flush(10)
+        s.query("OPTIMIZE TABLE otel_guard.runs FINAL")
+        s.query("OPTIMIZE TABLE otel_guard.stop_reasons_1m FINAL")
+        assert s.query("SELECT run_id FROM otel_guard.runs") == [("run-000002",)]
+        assert s.report().total_runs == 1

@@ -153,3 +153,51 @@ def test_records_round_trip_and_bad_values_never_raise(store) -> None:
         "SELECT action, utilisation, metric, delivery_latency_ms FROM otel_guard.decisions"
     )
     assert d == ("wrap_up", None, None, 3.5)
+
+
+def test_batch_committed_but_not_marked_done_is_not_duplicated_on_restart(tmp_path: Path) -> None:
+    # The crash window between "ClickHouse has the batch" and "the WAL says so": on restart
+    # the batch is replayed with its original token and deduplicated.
+    s = open_store(None, data_dir=tmp_path, flush_interval_s=0.05)
+    s._wal.mark_done = lambda hi: None  # the "done" marker never reaches the WAL
+    close_wal = s._wal.close
+    s._wal.close = lambda delete: close_wal(delete=False)  # and the WAL survives, as after a crash
+    for i in range(300):
+        s.write_run(outcome(i))
+    assert s.flush(10)
+    assert count(s, "SELECT count() FROM otel_guard.runs") == 300
+    s.close()
+    with open_store(None, data_dir=tmp_path, flush_interval_s=0.05) as s2:
+        assert s2.counters()["spooled"] == 300  # recovered from the WAL ...
+        assert s2.flush(10)
+        assert s2.counters()["replayed"] == 300  # ... replayed ...
+        assert count(s2, "SELECT count() FROM otel_guard.runs") == 300  # ... and deduplicated
+        assert count(s2, "SELECT sum(runs) FROM otel_guard.stop_reasons_1m") == 300
+
+
+def test_a_batch_clickhouse_rejects_goes_to_rejected_log_and_the_rest_flows(
+    store, tmp_path
+) -> None:
+    bad = '["r-bad","x","acme","a","failed","error","",' + '"not-a-time"' + ",0]"
+    store._spool.append("r", "poison-1", [bad])
+    store._writer.wake.set()
+    for i in range(50):
+        store.write_run(outcome(i))
+    assert store.flush(20)
+    c = store.counters()
+    assert c["rejected"] == 1 and c["written"] == 50 and c["dropped"] == 0
+    assert count(store, "SELECT count() FROM otel_guard.runs") == 50
+    assert "poison-1" in (tmp_path / "guard" / "store" / "rejected.log").read_text()
+
+
+def test_wal_segments_rotate_and_committed_ones_are_deleted(tmp_path: Path) -> None:
+    with open_store(None, data_dir=tmp_path, batch_rows=200, flush_interval_s=0.02) as s:
+        s._wal.segment_bytes = 16 * 1024
+        for i in range(3000):
+            s.write_run(outcome(i))
+        assert s.flush(20)
+        wal = tmp_path / "store" / "wal"
+        # ~1 MB of records went through; only the live segment (+ one not yet retired) stays
+        assert len(list(wal.glob("seg-*.log"))) <= 2
+        assert count(s, "SELECT count() FROM otel_guard.runs") == 3000
+    assert not list((tmp_path / "store" / "wal").glob("seg-*.log"))  # clean close: no WAL left
