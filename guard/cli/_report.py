@@ -15,12 +15,13 @@ import csv
 import io
 import json
 import math
-import os
 import re
 import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
+
+from guard.cli._client import add_client_arguments, client_from_args
 
 __all__ = ["add_arguments", "parse_time", "render", "run"]
 
@@ -62,15 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="./.otel-guard",
         help="embedded store to open when no guard answers (default: ./.otel-guard)",
     )
-    parser.add_argument(
-        "--endpoint",
-        default=os.environ.get("OTEL_GUARD_ENDPOINT", "127.0.0.1:4317"),
-        help="running guard (default: $OTEL_GUARD_ENDPOINT or 127.0.0.1:4317)",
-    )
-    parser.add_argument(
-        "--token", default=os.environ.get("OTEL_GUARD_ADMIN_TOKEN"), help="admin or tenant token"
-    )
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the guard")
+    add_client_arguments(parser)
+    parser.set_defaults(timeout=3.0)  # a missing guard should fall back to the store quickly
 
 
 def parse_time(text: str | None, *, now: float | None = None) -> float | None:
@@ -112,28 +106,18 @@ def _from_guard(
     args: argparse.Namespace, since: float | None, until: float | None, bucket: int
 ) -> Any:
     """GuardAdmin.Report; returns None when no guard answers at the endpoint."""
-    import grpc
+    from guard.errors import GuardError, GuardUnavailable
+    from guard.store import report_from_pb
 
-    from guard.store._reporting import report_from_pb
-    from guard.v1 import guard_pb2, guard_pb2_grpc
-
-    req = guard_pb2.ReportRequest(tenant=args.tenant or "", agent=args.agent or "", bucket_s=bucket)
-    if since is not None:
-        req.since_unix = since
-    if until is not None:
-        req.until_unix = until
-    metadata = [("authorization", f"Bearer {args.token}")] if args.token else None
-    with grpc.insecure_channel(args.endpoint) as channel:
-        try:
-            resp = guard_pb2_grpc.GuardAdminStub(channel).Report(
-                req, timeout=args.timeout, metadata=metadata, wait_for_ready=False
+    try:
+        with client_from_args(args) as client:
+            resp = client.report(
+                since=since, until=until, tenant=args.tenant, agent=args.agent, bucket_s=bucket
             )
-        except grpc.RpcError as ex:
-            if ex.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                return None
-            raise SystemExit(
-                f"otel-guard report: guard at {args.endpoint}: {ex.code().name}: {ex.details()}"
-            ) from None
+    except GuardUnavailable:
+        return None
+    except GuardError as ex:
+        raise SystemExit(f"otel-guard report: {ex}") from None
     return report_from_pb(resp)
 
 

@@ -23,8 +23,6 @@ __all__ = ["AdminServicer", "run_status"]
 
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 100_000
-_ROW_FIELDS = frozenset(pb.DistributionRow.DESCRIPTOR.fields_by_name)
-_POINT_FIELDS = frozenset(pb.SeriesPoint.DESCRIPTOR.fields_by_name)
 
 
 def run_status(run: RunState) -> pb.RunStatus:
@@ -138,20 +136,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
             agent=request.agent or None,
             bucket_s=request.bucket_s or 60,
         )
-        try:  # the store's own conversion keeps its conventions (unknown -> NaN)
-            from guard.store import report_to_pb
+        # The store's own conversion keeps its convention: unknown (None) travels as NaN.
+        from guard.store import report_to_pb
 
-            return report_to_pb(result)
-        except ImportError:
-            pass
-        rows = getattr(result, "rows", None) or []
-        series = getattr(result, "series", None) or []
-        return pb.ReportResponse(
-            rows=[pb.DistributionRow(**_pick(r, _ROW_FIELDS)) for r in rows],
-            series=[pb.SeriesPoint(**_pick(p, _POINT_FIELDS)) for p in series],
-        )
-
-
-def _pick(row: Any, names: frozenset[str]) -> dict[str, Any]:
-    d = row if isinstance(row, dict) else getattr(row, "__dict__", {})
-    return {k: v for k, v in d.items() if k in names and v is not None}
+        return report_to_pb(result)
