@@ -29,7 +29,7 @@ test: lint
 	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py --out benchmarks/results.json
 
 # Regenerate the checked-in gRPC stubs from proto/ (tests/test_proto_drift.py fails when they drift).
 proto: $(STAMP)
