@@ -17,7 +17,9 @@ def test_checked_in_stubs_match_proto(tmp_path: Path) -> None:
         rel = path.relative_to(tmp_path)
         ours = checked_in / rel
         assert ours.exists(), f"{rel} is generated but not checked in: run `make proto`"
-        assert ours.read_bytes() == path.read_bytes(), f"{rel} drifted from proto/: run `make proto`"
+        assert ours.read_bytes() == path.read_bytes(), (
+            f"{rel} drifted from proto/: run `make proto`"
+        )
 
 
 def test_drift_is_detected(tmp_path: Path) -> None:
@@ -25,7 +27,9 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     proto = tmp_path / "proto" / "guard" / "v1"
     proto.mkdir(parents=True)
     src = (_generate.PROTO_ROOT / "guard" / "v1" / "guard.proto").read_text()
-    (proto / "guard.proto").write_text(src.replace("uint32 loop_hits = 13;", "uint64 loop_hits = 13;"))
+    (proto / "guard.proto").write_text(
+        src.replace("uint32 loop_hits = 13;", "uint64 loop_hits = 13;")
+    )
     out = tmp_path / "out"
     original_root = _generate.PROTO_ROOT
     try:
