@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from guard.errors import BudgetExceeded, InvalidInput
+from guard.policy._decide import _RANK as _ACTION_RANK
+from guard.policy._decide import _could_act
 from guard.policy._decide import decide as _decide
 from guard.policy._decide import utilisation as _utilisation
 from guard.policy._reservation import Reservation
 from guard.policy._reservation import check_count as _count
 from guard.policy._reservation import check_money as _money
-from guard.policy._types import Decision, Limits, Phase, Reason, Usage
+from guard.policy._types import Action, Decision, Limits, Phase, Reason, Usage
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._loops import LoopVerdict
@@ -132,11 +134,28 @@ class Budget:
         cost_usd: float | None = None,
     ) -> None:
         """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning."""
-        _count("input_tokens", input_tokens)
-        _count("output_tokens", output_tokens)
-        _count("reasoning_tokens", reasoning_tokens)
-        _count("cached_tokens", cached_tokens)
-        cost = None if cost_usd is None else _money("cost_usd", cost_usd)
+        # Hot path (every model span the guard ingests): plain non-negative ints pass on one
+        # exact type test; anything else gets the full check (and its error message).
+        if not (
+            type(input_tokens) is int
+            and type(output_tokens) is int
+            and type(reasoning_tokens) is int
+            and type(cached_tokens) is int
+            and input_tokens >= 0
+            and output_tokens >= 0
+            and reasoning_tokens >= 0
+            and cached_tokens >= 0
+        ):
+            _count("input_tokens", input_tokens)
+            _count("output_tokens", output_tokens)
+            _count("reasoning_tokens", reasoning_tokens)
+            _count("cached_tokens", cached_tokens)
+        if cost_usd is None:
+            cost = None
+        elif type(cost_usd) is float and 0.0 <= cost_usd < math.inf:
+            cost = cost_usd
+        else:
+            cost = _money("cost_usd", cost_usd)
         # Validated first, then applied to the whole chain under the one lock (hot path: plain
         # field increments, no temporary Usage objects).
         with self._lock:
@@ -156,8 +175,12 @@ class Budget:
         self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None
     ) -> None:
         """``n`` tool calls; ``attempts`` counts retries too (defaults to ``n``)."""
-        n = _count("tool_calls", n)
-        attempts = n if attempts is None else _count("attempts", attempts)
+        if type(n) is not int or n < 0:
+            n = _count("tool_calls", n)
+        if attempts is None:
+            attempts = n
+        elif type(attempts) is not int or attempts < 0:
+            attempts = _count("attempts", attempts)
         cost = None if cost_usd is None else _money("cost_usd", cost_usd)
         with self._lock:
             b: Budget | None = self
@@ -366,6 +389,40 @@ class Budget:
                 completed=completed,
                 cancel=cancel,
                 cancel_detail=cancel_detail,
+                loop=loop,
+                reserved=self._reserved,
+            )
+
+    def decide_quick(
+        self,
+        *,
+        phase: Phase = Phase.BEFORE_STEP,
+        loop: LoopVerdict | None = None,
+        above: Action = Action.CONTINUE,
+    ) -> Decision | None:
+        """:meth:`decide`, or ``None`` when it cannot return anything stronger than ``above``.
+
+        For hot paths that only act on a decision stronger than what the run was already told
+        (``above``: CONTINUE, or the WARN / WRAP_UP already given). A cheap pre-check
+        (:func:`~guard.policy._decide.could_act`) skips the full evaluation when no check can
+        fire; whenever a decision is returned it is exactly ``decide()``'s.
+        """
+        with self._lock:
+            limits = self._limits
+            # Without a deadline the clock cannot make anything fire: do not read it.
+            elapsed = None if limits.deadline_s is None else self._elapsed_locked()
+            rank = _ACTION_RANK[above]
+            if (loop is None or _ACTION_RANK[loop.level] <= rank) and not _could_act(
+                limits, self._usage, elapsed, self._reserved, rank
+            ):
+                return None
+            if elapsed is None:
+                elapsed = self._elapsed_locked()
+            return _decide(
+                limits,
+                self._usage,
+                elapsed_s=elapsed,
+                phase=phase,
                 loop=loop,
                 reserved=self._reserved,
             )

@@ -70,13 +70,28 @@ class PriceBook:
         self, model: str, *, input_tokens: int, output_tokens: int, cached_tokens: int = 0
     ) -> float | None:
         """Cost of one call; ``input_tokens`` includes ``cached_tokens`` (GenAI semconv)."""
-        p = self.price(model)
+        p = self.models.get(model)  # exact names first, as price() does (hot: every model span)
         if p is None:
-            return None
-        cached = min(max(cached_tokens, 0), max(input_tokens, 0))
-        fresh = max(input_tokens, 0) - cached
+            p = self.price(model)
+            if p is None:
+                return None
+        if (
+            type(input_tokens) is int
+            and type(cached_tokens) is int
+            and type(output_tokens) is int
+            and input_tokens >= 0
+            and cached_tokens >= 0
+            and output_tokens >= 0
+        ):  # the usual case: the same numbers as below without the min/max calls
+            cached = cached_tokens if cached_tokens < input_tokens else input_tokens
+            fresh = input_tokens - cached
+            out = output_tokens
+        else:
+            cached = min(max(cached_tokens, 0), max(input_tokens, 0))
+            fresh = max(input_tokens, 0) - cached
+            out = max(output_tokens, 0)
         cached_rate = p.input if p.cached_input is None else p.cached_input
-        return (fresh * p.input + cached * cached_rate + max(output_tokens, 0) * p.output) / 1e6
+        return (fresh * p.input + cached * cached_rate + out * p.output) / 1e6
 
 
 DEFAULT_PRICE_BOOK = PriceBook(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import json
 import math
 import re
@@ -36,6 +35,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
+from json.encoder import c_make_encoder, encode_basestring
 from typing import Any
 
 from guard.errors import InvalidInput
@@ -94,15 +94,36 @@ def _date(s: str) -> int | float | None:
 
 def _norm(s: str) -> str:
     """NFKC (skipped for ASCII, which it cannot change), whitespace collapsed, case folded."""
-    if not s.isascii():
+    if s.isascii():
+        # Printable ASCII has no whitespace but the space: with no double space there is
+        # nothing to collapse, and strip() can only remove spaces (the regex is the slow part).
+        if s.isprintable() and "  " not in s:
+            return s.strip(" ").casefold()
+    else:
         s = unicodedata.normalize("NFKC", s)
     return _WS.sub(" ", s).strip().casefold()
+
+
+def _maybe_number(s: str) -> bool:
+    """Cheap pre-check for ``_NUM.fullmatch`` (whose backtracking is slow on text): a number
+    starts with a sign, a dot or a digit (``isdigit`` is a superset of the regex's ``\\d``)
+    and, in a normalised string, has no space."""
+    c = s[:1]
+    return (c in "+-." or c.isdigit()) and " " not in s
+
+
+def _tokens(s: str) -> list[str]:
+    """``_TOKEN.findall(s)``. Fast path: ASCII words of letters and digits separated by single
+    spaces, where every word is exactly one token (a number or a word-character run)."""
+    if s.isascii() and s.replace(" ", "").isalnum():
+        return s.split(" ")
+    return _TOKEN.findall(s)
 
 
 @functools.lru_cache(maxsize=4096)
 def _string_cached(s: str) -> Any:
     s = _norm(s)
-    if _NUM.fullmatch(s):
+    if _maybe_number(s) and _NUM.fullmatch(s):
         return _numeric(s)
     if s in _SPECIAL:
         return _SPECIAL[s]
@@ -115,13 +136,13 @@ def _string_cached(s: str) -> Any:
     if (
         len(s) <= SHORT_MAX_CHARS
         and s.count(" ") < SHORT_MAX_TOKENS
-        and (" " in s or _HAS_CJK.search(s) is not None)
+        and (" " in s or (not s.isascii() and _HAS_CJK.search(s) is not None))
     ):
-        tokens = _TOKEN.findall(s)
+        tokens = _tokens(s)
         if tokens:
             joined = " ".join(sorted(tokens))
             # "0:" -> "0" must canonicalise like "0", so the output is a fixed point.
-            return _numeric(joined) if _NUM.fullmatch(joined) else joined
+            return _numeric(joined) if _maybe_number(joined) and _NUM.fullmatch(joined) else joined
     return s
 
 
@@ -148,7 +169,8 @@ def _canon(value: Any, ignore: frozenset[str]) -> Any:
             key = _key(k if type(k) is str else str(k))
             if key in ignore:
                 continue
-            cv = _canon(v, ignore)
+            # The common case (a short string value) inlined: this runs on every tool call.
+            cv = _string_cached(v) if type(v) is str and len(v) <= 256 else _canon(v, ignore)
             if key in out:
                 # Keys that differ only in case/whitespace collide: keep one deterministically,
                 # so the result does not depend on the mapping's insertion order.
@@ -176,7 +198,26 @@ def _canon(value: Any, ignore: frozenset[str]) -> Any:
 
 
 # One encoder for every call: json.dumps with non-default options builds a new one each time.
-_dump = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+_encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_dump = _encoder.encode
+if c_make_encoder is not None:
+    # JSONEncoder.encode() builds a C encoder (and a circular-reference dict) on every call;
+    # build it once. The same C function produces the same text; no circular check is needed
+    # because _canon() output is a fresh tree (cyclic input fails earlier, in _canon()).
+    _c_encode = c_make_encoder(
+        None,
+        _encoder.default,
+        encode_basestring,
+        None,
+        _encoder.key_separator,
+        _encoder.item_separator,
+        True,
+        False,
+        True,
+    )
+
+    def _dump(value: Any, _enc: Any = _c_encode, _join: Any = "".join) -> str:
+        return _join(_enc(value, 0))
 
 
 def _ignore_set(fields: Iterable[str]) -> frozenset[str]:
@@ -212,6 +253,17 @@ def hash64(hex_digest: str | None) -> int:
         return int.from_bytes(digest, "big") or 1
 
 
+_BLOCK = 64  # SHA-256 block size in bytes
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+_DOMAINS = (b"action", b"result", b"state", b"text")
+_NOTHING: frozenset[str] = frozenset()
+try:  # the builtin implementation: its copy() is a plain struct copy
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - builds without it
+    _sha256 = hashlib.sha256
+
+
 class Fingerprinter:
     """Keyed fingerprints: HMAC-SHA256 truncated to 128 bits (32 hex chars).
 
@@ -220,7 +272,7 @@ class Fingerprinter:
     then only compare within the process, which is enough for local loop detection).
     """
 
-    __slots__ = ("_ignore", "_mac0", "_tools")
+    __slots__ = ("_ignore", "_inner", "_outer", "_tools")
 
     def __init__(
         self,
@@ -233,28 +285,59 @@ class Fingerprinter:
         if not isinstance(key, str | bytes | bytearray) or not key:
             raise InvalidInput(f"fingerprint key must be non-empty bytes or str, got {type(key)}")
         raw = key.encode() if isinstance(key, str) else bytes(key)
-        # The keyed inner/outer state is computed once; each fingerprint copies it.
-        self._mac0 = hmac.new(raw, digestmod=hashlib.sha256)
+        # HMAC-SHA256 (RFC 2104) with the keyed inner and outer states computed once, and the
+        # inner state of each domain already fed its "<domain>\0" prefix: a fingerprint then
+        # costs two state copies and two small updates (hmac.HMAC.copy() and the one-shot
+        # hmac.digest() are both slower here). Equal to hmac.new(raw, domain + b"\0" + payload,
+        # sha256) byte for byte; the tests check it.
+        if len(raw) > _BLOCK:
+            raw = hashlib.sha256(raw).digest()
+        raw = raw.ljust(_BLOCK, b"\0")
+        inner = _sha256(raw.translate(_IPAD))
+        self._outer = _sha256(raw.translate(_OPAD))
+        self._inner: dict[bytes, Any] = {}
+        for domain in _DOMAINS:
+            h = inner.copy()
+            h.update(domain + b"\x00")
+            self._inner[domain] = h
         self._ignore = _ignore_set(ignore_fields)
-        self._tools: dict[str, str] = {}
+        self._tools: dict[str, Any] = {}
 
     def _mac(self, domain: bytes, payload: str) -> str:
-        m = self._mac0.copy()
-        m.update(domain + b"\x00" + payload.encode())
-        return m.hexdigest()[:32]
+        h = self._inner[domain].copy()  # domains are the four below
+        h.update(payload.encode())
+        o = self._outer.copy()
+        o.update(h.digest())
+        return o.hexdigest()[:32]
 
     def action(self, tool: str, args: Any) -> str:
         """Fingerprint of one tool call: tool name plus canonical arguments."""
-        name = self._tools.get(tool)
-        if name is None:
-            name = _norm(str(tool))
+        inner = self._tools.get(tool)
+        if inner is None:
+            # The inner HMAC state with "action\0<tool>\0" already fed, kept per tool name.
+            inner = self._inner[b"action"].copy()
+            inner.update((_norm(str(tool)) + "\x00").encode())
             if len(self._tools) < 1024:  # tool names are few; bound it anyway
-                self._tools[tool] = name
-        return self._mac(b"action", name + "\x00" + _canonical(args, self._ignore))
+                self._tools[tool] = inner
+        try:
+            canon = _dump(_canon(args, self._ignore))
+        except RecursionError:
+            canon = _canonical(args, self._ignore)  # raises the clear InvalidInput
+        h = inner.copy()
+        h.update(canon.encode())
+        o = self._outer.copy()
+        o.update(h.digest())
+        return o.hexdigest()[:32]
 
     def result(self, value: Any) -> str:
         """Fingerprint of a tool result (canonical, nothing ignored)."""
-        return self._mac(b"result", _canonical(value, frozenset()))
+        if type(value) is int:
+            return self._mac(b"result", int.__repr__(value))  # what the JSON encoder writes
+        try:
+            canon = _dump(_canon(value, _NOTHING))
+        except RecursionError:
+            canon = _canonical(value, _NOTHING)  # raises the clear InvalidInput
+        return self._mac(b"result", canon)
 
     def state(self, facts: Iterable[Any]) -> str:
         """Order-insensitive fingerprint of a fact set (duplicates collapse)."""

@@ -44,9 +44,16 @@ class Forecaster:
 
     def observe(self, step_index: int, input_tokens: int) -> None:
         """Add one step's input tokens (``step_index`` is 1-based)."""
-        if isinstance(step_index, bool) or not isinstance(step_index, int) or step_index < 1:
+        # ``type(x) is not int`` first: plain ints (the hot path) skip the isinstance checks
+        bad_type = type(step_index) is not int and (
+            isinstance(step_index, bool) or not isinstance(step_index, int)
+        )
+        if bad_type or step_index < 1:
             raise InvalidInput(f"step_index must be an int >= 1, got {step_index!r}")
-        if isinstance(input_tokens, bool) or not isinstance(input_tokens, int) or input_tokens < 0:
+        bad_type = type(input_tokens) is not int and (
+            isinstance(input_tokens, bool) or not isinstance(input_tokens, int)
+        )
+        if bad_type or input_tokens < 0:
             raise InvalidInput(f"input_tokens must be an int >= 0, got {input_tokens!r}")
         x = float(step_index - 1)
         self._n += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "ACTION_FP",
@@ -197,6 +198,7 @@ class Observation(list):
 
     The hot path indexes it (``o[IN]``); everyone else reads named properties
     (``o.input_tokens``). Unset attributes are ``None``; counters of model spans are 0.
+    ``span_id`` / ``parent_span_id`` are read for model calls only (their one use).
     """
 
     __slots__ = ()
@@ -273,11 +275,19 @@ def _value(v, typ: int):
     raise _Bad(f"expected a bool, got {which}")
 
 
+def _kv_slot(kv: Any) -> tuple[int, Any] | None:
+    """The reference reading of one ``KeyValue`` message: (slot, value), or None if the key
+    is not one we read. Raises ``_Bad`` like the loop in :func:`decode_spans`."""
+    hit = _KEYS_GET(kv.key)
+    if hit is None:
+        return None
+    return hit[0], _value(kv.value, hit[1])
+
+
 def _observe(span, o: Observation) -> Observation | None:
     run_id = o[_RUN_ID]
     op = o[_OP]
     name = span.name
-    has_tokens = o[_IN] is not None or o[_OUT] is not None
     if run_id:
         if name == "guard.step":
             kind = KIND_STEP
@@ -287,14 +297,16 @@ def _observe(span, o: Observation) -> Observation | None:
             kind = KIND_TOOL
             if o[_TOOL_NAME] is None and name.startswith("execute_tool "):
                 o[_TOOL_NAME] = name[13:]
-            if span.status.code == 2:  # STATUS_CODE_ERROR
+            # STATUS_CODE_ERROR; HasField first: most spans carry no status, and reading
+            # one allocates a wrapper
+            if span.HasField("status") and span.status.code == 2:
                 o[_ERROR] = o[_ERROR] or "error"
-        elif has_tokens or op in _MODEL_OPS:
+        elif o[_IN] is not None or o[_OUT] is not None or op in _MODEL_OPS:
             kind = KIND_MODEL
         else:
             return None
         o[FOREIGN] = False
-    elif has_tokens and op not in _NOT_A_CALL:
+    elif (o[_IN] is not None or o[_OUT] is not None) and op not in _NOT_A_CALL:
         kind = KIND_MODEL
         o[FOREIGN] = True
     else:
@@ -310,10 +322,12 @@ def _observe(span, o: Observation) -> Observation | None:
         o[_REASONING] = o[_REASONING] or 0
         if cached > inp and run_id:
             raise _Bad(f"gen_ai.usage.cache_read.input_tokens {cached} exceeds input_tokens {inp}")
+        # span ids only serve to count each model call once (SeenCalls); other kinds skip
+        # the two reads (each allocates a bytes object)
+        o[SPAN_ID] = span.span_id
+        o[PARENT_SPAN_ID] = span.parent_span_id
     o[KIND] = kind
     o[TRACE_ID] = span.trace_id
-    o[SPAN_ID] = span.span_id
-    o[PARENT_SPAN_ID] = span.parent_span_id
     return o
 
 
@@ -367,9 +381,11 @@ def decode_spans(spans: Sequence, out: Decoded | None = None) -> Decoded:
 
 
 def decode_request(request) -> Decoded:
-    """Decode every span of an ``ExportTraceServiceRequest`` in arrival order."""
-    out = Decoded()
-    for rs in request.resource_spans:
-        for ss in rs.scope_spans:
-            decode_spans(ss.spans, out)
-    return out
+    """Decode every span of an ``ExportTraceServiceRequest`` in arrival order.
+
+    Goes through the server's fast path (``_rawdecode``), which yields exactly what
+    :func:`decode_spans` yields; see the differential test in tests/server/test_decode.py.
+    """
+    from guard.server._rawdecode import decode_payload
+
+    return decode_payload(request.SerializeToString())

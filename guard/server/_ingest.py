@@ -93,6 +93,11 @@ class Ingest:
         spent: dict[str, Usage] = {}
         last_id: str | None = None  # consecutive spans mostly belong to the same run
         run: Any = None
+        # The run whose tenant check passed last, with its tenant's usage and its touched
+        # entry: consecutive spans of one run skip those lookups.
+        cur: Any = None
+        usage: Any = None
+        entry: list[Any] | None = None
         for o in decoded.observations:
             run_id = o[RUN_ID]
             if run_id and run_id == last_id:
@@ -118,36 +123,38 @@ class Ingest:
                 run = trace_get(o[TRACE_ID])
                 if run is None:
                     continue  # a GenAI span outside any guarded run: not ours to count
-            if scope is not None and run.tenant != scope:
-                rejected += 1
-                if len(errors) < 5:
-                    errors.append(f"run {run_id[:64]!r} belongs to another tenant")
-                continue
-            usage = spent.get(run.tenant)
-            if usage is None:
-                usage = spent[run.tenant] = Usage()
+            if run is not cur:
+                if scope is not None and run.tenant != scope:
+                    rejected += 1
+                    if len(errors) < 5:
+                        errors.append(f"run {run_id[:64]!r} belongs to another tenant")
+                    continue
+                cur = run
+                usage = spent.get(run.tenant)
+                if usage is None:
+                    usage = spent[run.tenant] = Usage()
+                entry = touched.get(run)
             kind = o[KIND]
             try:
-                if kind == KIND_MODEL:
+                if kind == KIND_TOOL:
+                    phase, verdict = _AFTER_TOOLS, self._tool(run, o, usage)
+                elif kind == KIND_MODEL:
                     if not self._model(run, o, usage):
                         continue
                     phase, verdict = _AFTER_MODEL, None
-                elif kind == KIND_TOOL:
-                    phase, verdict = _AFTER_TOOLS, self._tool(run, o, usage)
                 elif kind == KIND_STEP:
                     phase, verdict = _BEFORE_STEP, self._step(run, o, usage)
                 else:
                     self._run_span(run, o)
-                    last_id = None  # the run may have ended: look it up again
+                    last_id = cur = None  # the run may have ended: look it up again
                     continue
             except ValueError as exc:  # InvalidInput from the budget: the span is refused
                 rejected += 1
                 if len(errors) < 5:
                     errors.append(str(exc))
                 continue
-            entry = touched.get(run)
             if entry is None:
-                touched[run] = [phase, verdict]
+                entry = touched[run] = [phase, verdict]
             else:
                 entry[0] = phase
                 if verdict is not None and (
@@ -259,14 +266,21 @@ class Ingest:
         return verdict
 
     def _decide(self, run: RunState, phase: Phase, verdict: Any) -> None:
+        # decide_quick() returns None only when decide() could not return anything stronger
+        # than the soft level the run already has; act() would then do nothing (SoftLevel
+        # pushes each level once), so skipping it changes no outcome.
         if run.stop_reason is None:
-            self.act(run, run.budget.decide(phase=phase, loop=verdict), verdict)
+            d = run.budget.decide_quick(phase=phase, loop=verdict, above=run.soft.level)
+            if d is not None:
+                self.act(run, d, verdict)
             if run.stop_reason is None and phase is _BEFORE_STEP:
                 self.forecast(run, run.last_step)
         parent = run.parent
         while parent is not None:  # nested runs spend their parents' budgets too
             if parent.stop_reason is None and parent.run_id in self.runs:
-                self.act(parent, parent.budget.decide(phase=phase))
+                d = parent.budget.decide_quick(phase=phase, above=parent.soft.level)
+                if d is not None:
+                    self.act(parent, d)
             parent = parent.parent
 
     def _run_span(self, run: RunState, o: Observation) -> None:

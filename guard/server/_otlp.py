@@ -9,7 +9,6 @@ the OTLP ``partial_success`` field, the standard way to say "some of these were 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -17,7 +16,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 from guard.errors import GuardError, GuardUnavailable, InvalidInput
-from guard.server._decode import Decoded, decode_spans
+from guard.server._decode import Decoded
+from guard.server._rawdecode import LiteRequest, decode_lite_spans, lite_chunks
 from guard.server._status import abort_for
 
 __all__ = ["CHUNK_SPANS", "SERVICE_NAME", "trace_service_handler"]
@@ -26,26 +26,7 @@ CHUNK_SPANS = 2048  # spans applied between two yields to the event loop
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 _OK = otlp.ExportTraceServiceResponse().SerializeToString()
-_parse = otlp.ExportTraceServiceRequest.FromString
-
-
-def _chunks(request: Any) -> Iterator[list[Any]]:
-    """Group the request's span lists into chunks of about CHUNK_SPANS spans."""
-    chunk: list[Any] = []
-    size = 0
-    for rs in request.resource_spans:
-        for ss in rs.scope_spans:
-            spans = ss.spans
-            n = len(spans)
-            for start in range(0, n, CHUNK_SPANS) if n > CHUNK_SPANS else (0,):
-                part = spans[start : start + CHUNK_SPANS] if n > CHUNK_SPANS else spans
-                chunk.append(part)
-                size += min(n - start, CHUNK_SPANS)
-                if size >= CHUNK_SPANS:
-                    yield chunk
-                    chunk, size = [], 0
-    if chunk:
-        yield chunk
+_parse = LiteRequest.FromString
 
 
 def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
@@ -62,22 +43,32 @@ def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
                 raise GuardUnavailable("guard is draining; retry against another replica")
             principal = auth.principal(context.invocation_metadata())
             try:
+                # One parse validates the whole request (structure, UTF-8) as the generated
+                # class would; its schema hands over span attributes as bytes (see _rawdecode),
+                # which the decoder validates as it reads them.
                 request = _parse(data)
             except (DecodeError, RuntimeError, ValueError) as exc:
                 raise InvalidInput(
                     f"malformed OTLP ExportTraceServiceRequest ({len(data)} bytes): {exc}"
                 ) from None
+            # Decode (and so validate) every chunk before applying any: a malformed attribute
+            # refuses the whole request, as before. A large request yields to the event loop
+            # between chunks, so one 16 MiB batch cannot hold it (and every cancel behind it)
+            # for long.
             rejected, errors = 0, []
-            # A large request is applied in chunks with a yield in between, so one 16 MiB
-            # batch cannot hold the event loop (and every cancel behind it) for long.
-            for chunk in _chunks(request):
+            chunks: list[Decoded] = []
+            for chunk in lite_chunks(request, CHUNK_SPANS):
                 decoded = Decoded()
                 for spans in chunk:
-                    decode_spans(spans, decoded)
+                    decode_lite_spans(spans, decoded)
+                chunks.append(decoded)
+                if len(chunk) > 1 or decoded.spans >= CHUNK_SPANS:
+                    await asyncio.sleep(0)
+            for decoded in chunks:
                 r, e = registry.ingest(decoded, principal)
                 rejected += r
                 errors.extend(e[: max(0, 5 - len(errors))])
-                if len(chunk) > 1 or decoded.spans >= CHUNK_SPANS:
+                if len(chunks) > 1:
                     await asyncio.sleep(0)
         except GuardError as exc:
             await abort_for(context, exc)

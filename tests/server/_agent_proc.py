@@ -4,7 +4,7 @@ waits for a line on stdin before running, then ``{"event": "ended", ...}`` per r
 
     python _agent_proc.py ENDPOINT TENANT SCENARIO RUN_ID [RUN_ID ...]
 
-Scenarios: ``loop`` (the same tool call every step), ``spend`` (0.02 USD per step),
+Scenarios: ``loop`` (the same tool call, a parallel batch per step), ``spend`` (0.02 USD per step),
 ``idle`` (steps without spend, until cancelled).
 """
 
@@ -32,8 +32,9 @@ def main() -> int:
         heartbeat_interval_ms=200,
     )
 
-    # The agent's own loop detector is lenient (10 repeats): the guard's policy (tighter)
-    # is what stops a loop, however slow this machine is.
+    # The decorator's loop detection is lenient (10 repeats); the guard's policy is tighter
+    # and the SDK adopts it from the Admit. The loop scenario still shows the guard's cancel
+    # winning: its calls run as one parallel batch that only the guard judges while in flight.
     @guard.run(
         agent=f"{scenario}-bot",
         max_steps=400,
@@ -46,7 +47,17 @@ def main() -> int:
             steps += 1
             with guard.step() as step:
                 if scenario == "loop":
-                    step.tool_call("search", {"q": "where is my refund"}, result="no results")
+                    # Parallel tool calls repeating one call. The SDK judges a batch when it
+                    # completes (its loop settings are the guard's: the Admit's tightest
+                    # win); the guard sees each call's span as it ends and cancels the run
+                    # while the batch's slowest tool still runs (bounded: 10 s).
+                    with guard.admit_tools(["a", "b", "c"]) as batch:
+                        for _ in batch.admitted:
+                            step.tool_call("search", {"q": "where is my refund"}, result="none")
+                        slowest = time.monotonic() + 10.0
+                        while time.monotonic() < slowest:
+                            guard.current_run().raise_if_cancelled()
+                            time.sleep(0.01)
                 elif scenario == "spend":
                     step.model_call(
                         model="gpt-4.1", input_tokens=100, output_tokens=10, cost_usd=0.02

@@ -204,3 +204,32 @@ async def test_large_request_is_applied_in_chunks(guard):
     usage = guard.registry.runs["big"].budget.usage()
     assert (usage.model_calls, usage.input_tokens) == (5000, 5000)
     await agent.close()
+
+
+async def test_malformed_attribute_refuses_the_whole_request(guard):
+    """Span attributes are validated while decoding: one bad one refuses the request (as a
+    full parse would) and nothing of it is applied, not even the valid spans before it."""
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    from guard.server._rawdecode import LiteRequest
+
+    agent = Agent(guard.address)
+    await agent.connect()
+    tid = trace_id_of(6)
+    await agent.start_run("m", tid)
+    good = model_span("m", tid, tokens_in=7, tokens_out=1)
+    bad_value = common_pb2.AnyValue(string_value="x").SerializeToString().replace(b"x", b"\xff")
+    bad = b"\x0a\x0bhttp.method\x12" + bytes([len(bad_value)]) + bad_value
+    attrs = [kv.SerializeToString() for kv in good.attributes]
+    spans = [
+        {"name": good.name, "trace_id": tid, "attributes": attrs},
+        {"name": "GET /", "trace_id": tid, "attributes": [bad]},
+    ]
+    data = LiteRequest(resource_spans=[{"scope_spans": [{"spans": spans}]}]).SerializeToString()
+    raw = agent.channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await raw(data)
+    assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed OTLP" in exc.value.details()
+    assert guard.registry.runs["m"].budget.usage().input_tokens == 0
+    await agent.close()

@@ -74,8 +74,10 @@ def _wait_live(address: str, n: int, timeout: float = 15.0) -> None:
 
 
 def test_loop_in_agent_process_is_stopped_by_the_guard():
-    # The guard's policy is tighter than the agent's decorator (repeat_threshold 2 < 3): the
-    # guard sees the loop first and its cancel stops the run in the other process.
+    # The guard's policy is tighter than the agent's decorator (repeat_threshold 2 < 10) and
+    # the SDK adopts it from the Admit; the repeats come as one parallel tool batch, which the
+    # SDK judges only when it completes, so the guard sees the loop first and its cancel stops
+    # the run (in flight) in the other process.
     sink = MemorySink()
     cfg = config(runs={"loop": {"window": 20, "repeat_threshold": 2, "no_progress_steps": 8}})
     with ServerThread(cfg, sink=sink) as srv:
