@@ -24,6 +24,12 @@ MISSING: Any = object()  # "no result given" (None is a legitimate tool result)
 # The tool batch whose reserved slots the tool calls of this context consume.
 current_batch: contextvars.ContextVar[Any] = contextvars.ContextVar("guard_batch", default=None)
 _ERROR = Status(StatusCode.ERROR)
+_CLIENT, _INTERNAL = SpanKind.CLIENT, SpanKind.INTERNAL
+_AFTER_MODEL, _AFTER_TOOLS, _CONTINUE = (
+    Phase.AFTER_MODEL_CALL,
+    Phase.AFTER_TOOL_BATCH,
+    Action.CONTINUE,
+)
 
 
 _PROVIDERS = (  # gen_ai.provider.name inferred from well-known model families
@@ -53,14 +59,9 @@ def _provider(model: str) -> str | None:
     return found
 
 
-def _ns(t: float | None) -> int | None:
-    return None if t is None else int(t * 1e9)
-
-
 def record_model_call(
     run: Run,
     parent_ctx: Any,
-    *,
     model: str,
     input_tokens: int = 0,
     output_tokens: int = 0,
@@ -76,9 +77,11 @@ def record_model_call(
     """Record one model call (usage, cost, span) and evaluate the policy after it.
 
     Returns the cost in USD (``None`` when the model is unpriced and no cost was given).
+    Arguments are positional-or-keyword so the per-step hot path avoids keyword packing.
     """
+    rt = run.rt
     if cost_usd is None:
-        cost_usd = run.rt.cost_usd(
+        cost_usd = rt.cost_usd(
             model,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
@@ -91,8 +94,6 @@ def record_model_call(
         cached_tokens=cached_tokens,
         cost_usd=cost_usd,
     )
-    if error is None:
-        run.did_work = True
     attrs: dict[str, Any] = {
         A.OPERATION: operation,
         A.REQUEST_MODEL: model,
@@ -102,27 +103,32 @@ def record_model_call(
         A.REASONING_TOKENS: reasoning_tokens,
         A.RUN_ID: run.run_id,
     }
-    provider = provider or _provider(model)
+    if provider is None:
+        provider = _provider_cache.get(model, MISSING)
+        if provider is MISSING:
+            provider = _provider(model)
     if provider:
         attrs[A.PROVIDER] = provider
     if cost_usd is not None:
         attrs[A.COST_USD] = cost_usd
     if response_id:
         attrs[A.RESPONSE_ID] = response_id
-    if error is not None:
+    if error is None:
+        run.did_work = True
+    else:
         attrs[A.ERROR_TYPE] = type(error).__qualname__
         tag(error, "model")
-    span = run.rt.tracer.start_span(
+    span = rt.tracer.start_span(
         f"{operation} {model}",
         context=parent_ctx,
-        kind=SpanKind.CLIENT,
+        kind=_CLIENT,
         attributes=attrs,
-        start_time=_ns(started_at),
+        start_time=None if started_at is None else int(started_at * 1e9),
     )
     if error is not None:
         span.set_status(_ERROR)
     span.end()
-    run.after(Phase.AFTER_MODEL_CALL)
+    run.after(_AFTER_MODEL)
     return cost_usd
 
 
@@ -165,7 +171,6 @@ def record_tool_call(
     step: Any,
     name: str,
     args: Any,
-    *,
     result: Any = MISSING,
     attempts: int = 1,
     cost_usd: float | None = None,
@@ -198,7 +203,7 @@ def record_tool_call(
         if error is None:
             run.did_work = True
     if step is not None:
-        step.note_tool(action)
+        step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {
         A.OPERATION: "execute_tool",
         A.TOOL_NAME: name,
@@ -218,15 +223,15 @@ def record_tool_call(
     span = run.rt.tracer.start_span(
         f"execute_tool {name}",
         context=parent_ctx,
-        kind=SpanKind.INTERNAL,
+        kind=_INTERNAL,
         attributes=attrs,
-        start_time=_ns(started_at),
+        start_time=None if started_at is None else int(started_at * 1e9),
     )
     if error is not None:
         span.set_status(_ERROR)
     span.end()
-    if not in_batch:
-        run.after(Phase.AFTER_TOOL_BATCH, verdict if verdict.level is not Action.CONTINUE else None)
-    else:
+    if in_batch:
         batch.note_verdict(verdict)
+    else:
+        run.after(_AFTER_TOOLS, verdict if verdict.level is not _CONTINUE else None)
     return action

@@ -10,7 +10,7 @@ from typing import Any
 
 from guard.errors import ConfigError
 
-__all__ = ["ENV", "Settings", "configure", "get_settings", "reset"]
+__all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "configure", "get_settings", "reset"]
 
 # Environment variables read by configure() (argument > environment > default).
 ENV = {
@@ -19,7 +19,10 @@ ENV = {
     "tenant": "OTEL_GUARD_TENANT",
     "hmac_key": "OTEL_GUARD_HMAC_KEY",
     "disabled": "OTEL_GUARD_DISABLED",
+    "span_export": "OTEL_GUARD_SPAN_EXPORT",
+    "span_endpoint": "OTEL_GUARD_SPAN_ENDPOINT",
 }
+SPAN_EXPORT_MODES = ("direct", "none")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -48,6 +51,16 @@ class Settings:
         when it is an SDK provider, else a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
       reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream.
+      span_export: how the guard gets the spans. ``"direct"`` (default): the SDK attaches its
+        own low-latency OTLP exporter (to ``span_endpoint``, else ``endpoint``). ``"none"``:
+        the application's own OpenTelemetry pipeline (e.g. a collector) already delivers the
+        guarded runs' spans to the guard; the SDK exports nothing itself, so nothing is sent
+        twice, and the control stream still goes straight to ``endpoint``.
+      span_endpoint: ``host:port`` for the direct span export when it is not the guard
+        itself, e.g. a local collector that load-balances by trace ID to guard replicas
+        (default: ``endpoint``). TLS as for ``endpoint`` (``https://`` or ``tls=True``); the
+        bearer token goes with the spans too (a collector can forward it). Given without an
+        ``endpoint``, spans are exported and runs stay under local control only.
     """
 
     endpoint: str | None = None
@@ -68,6 +81,8 @@ class Settings:
     price_book: Any = field(default=None, repr=False)
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 5.0
+    span_export: str = "direct"
+    span_endpoint: str | None = None
 
     @property
     def local_only(self) -> bool:
@@ -76,17 +91,46 @@ class Settings:
     @property
     def target(self) -> str | None:
         """The endpoint without a URL scheme, as grpc wants it."""
-        if self.endpoint is None:
-            return None
-        ep = self.endpoint
-        for scheme in ("http://", "https://", "grpc://"):
-            if ep.startswith(scheme):
-                ep = ep[len(scheme) :]
-        return ep.rstrip("/")
+        return _target(self.endpoint)
 
     @property
     def secure(self) -> bool:
         return self.tls or bool(self.endpoint and self.endpoint.startswith("https://"))
+
+    @property
+    def span_target(self) -> str | None:
+        """Where the SDK's own span export goes (``None``: no span export of its own)."""
+        if self.span_export != "direct":
+            return None
+        return _target(self.span_endpoint or self.endpoint)
+
+    @property
+    def span_secure(self) -> bool:
+        ep = self.span_endpoint or self.endpoint
+        return self.tls or bool(ep and ep.startswith("https://"))
+
+
+def _target(endpoint: str | None) -> str | None:
+    if endpoint is None:
+        return None
+    ep = endpoint
+    for scheme in ("http://", "https://", "grpc://"):
+        if ep.startswith(scheme):
+            ep = ep[len(scheme) :]
+    return ep.rstrip("/")
+
+
+def _endpoint(path: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"expected host:port, got {value!r}", path=path)
+    ep = value.strip()
+    if not ep:
+        return None
+    if ":" not in ep.split("//")[-1]:
+        raise ConfigError(f"expected host:port, got {ep!r}", path=path)
+    return ep
 
 
 _NAMES = {f.name for f in fields(Settings)}
@@ -103,12 +147,20 @@ def _bool(path: str, value: Any) -> bool:
 def _validate(s: Settings) -> Settings:
     kw: dict[str, Any] = {}
     if s.endpoint is not None:
-        ep = str(s.endpoint).strip()
-        if not ep:
-            ep = None
-        elif ":" not in ep.split("//")[-1]:
-            raise ConfigError(f"expected host:port, got {ep!r}", path="endpoint")
-        kw["endpoint"] = ep
+        kw["endpoint"] = _endpoint("endpoint", str(s.endpoint))
+    kw["span_endpoint"] = _endpoint("span_endpoint", s.span_endpoint)
+    mode = s.span_export.strip().lower() if isinstance(s.span_export, str) else s.span_export
+    if mode not in SPAN_EXPORT_MODES:
+        raise ConfigError(
+            f"expected one of {', '.join(SPAN_EXPORT_MODES)}, got {s.span_export!r}",
+            path="span_export",
+        )
+    kw["span_export"] = mode
+    if mode == "none" and kw["span_endpoint"] is not None:
+        raise ConfigError(
+            f"span_endpoint {kw['span_endpoint']!r} is set but span_export is 'none'",
+            path="span_endpoint",
+        )
     if s.token is not None and not isinstance(s.token, str):
         raise ConfigError("expected a string", path="token")
     if not isinstance(s.tenant, str) or not s.tenant.strip():
@@ -149,8 +201,9 @@ def _from_env(environ: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
     for name, var in ENV.items():
         if var in environ:
             out[name] = environ[var]
-    if "endpoint" in out and not out["endpoint"].strip():
-        out["endpoint"] = None
+    for name in ("endpoint", "span_endpoint"):
+        if name in out and not out[name].strip():
+            out[name] = None
     return out
 
 

@@ -20,7 +20,6 @@ import os
 import random
 import socket
 import threading
-import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
 _BACKLOG_MAX = 10_000  # RunEnded records kept while disconnected
+_HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
 class ControlClient:
@@ -64,7 +64,6 @@ class ControlClient:
         self._backlog: collections.deque[pb.AgentMessage] = collections.deque(maxlen=_BACKLOG_MAX)
         self._main: asyncio.Task[None] | None = None
         self._stopping = False
-        self._writing = False
         self._call: Any = None
         self._thread = threading.Thread(
             target=self._thread_main, name="otel-guard-control", daemon=True
@@ -206,7 +205,7 @@ class ControlClient:
         self._call = None
         while q is not None and not q.empty():  # keep unsent termination records
             m = q.get_nowait()
-            if m.HasField("run_ended"):
+            if m is not _HALF_CLOSE and m.HasField("run_ended"):
                 self._backlog.append(m)
         if was:
             self.counters["disconnects"] += 1
@@ -258,6 +257,10 @@ class ControlClient:
             try:
                 # The stream lives until the guard ends it or a write fails.
                 await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+                if not reader.done() and not writer.cancelled() and writer.exception() is None:
+                    # Half-closed by shutdown: wait for the guard to end the stream, i.e. to
+                    # have read the last RunEnded (the shutdown timer bounds this wait).
+                    await asyncio.wait({reader})
             finally:
                 for t in (writer, beat, reader):
                     t.cancel()
@@ -270,15 +273,17 @@ class ControlClient:
     async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:
             msg = await q.get()
-            self._writing = True
+            if msg is _HALF_CLOSE:
+                # Shutdown: everything queued before it is written (each write awaited).
+                # Half-close; the guard ends the stream once it has read every message.
+                await call.done_writing()
+                return
             try:
                 await call.write(msg)
             except Exception:
                 if msg.HasField("run_ended"):
                     self._backlog.append(msg)  # resent after the reconnect
                 raise
-            finally:
-                self._writing = False
 
     async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:
@@ -304,20 +309,20 @@ class ControlClient:
                 log.exception("otel-guard: handling a guard message failed")
 
     async def _shutdown(self, drain_s: float) -> None:
-        """Let queued messages (the last RunEnded records) and a write in flight finish,
-        half-close the stream, then end the session."""
-        deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline:
-            q = self._queue
-            if q is None or (q.empty() and not self._writing):
-                break
-            await asyncio.sleep(0.002)
-        call = self._call
-        if call is not None and self._queue is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(call.done_writing(), max(0.01, deadline - time.monotonic()))
-        if self._main is not None:
-            self._main.cancel()
+        """End the session cleanly within ``drain_s``: the queued messages (the last RunEnded
+        records) are written, the stream is half-closed, and the session ends when the guard
+        ends the stream, which it does once it has read everything. Cancelling the stream
+        as soon as the queue looked empty could lose a write still in flight."""
+        main = self._main
+        if main is None or main.done():
+            return
+        q = self._queue
+        if q is None or self._call is None:
+            main.cancel()  # not connected: nothing can be delivered
+            return
+        q.put_nowait(_HALF_CLOSE)  # type: ignore[arg-type]  # after everything queued (FIFO)
+        # The bound: a guard that never ends the stream does not hold the process.
+        asyncio.get_running_loop().call_later(drain_s, main.cancel)
 
     # -- guard -> agent -----------------------------------------------------------------------
     def _handle(self, msg: pb.GuardMessage) -> None:
@@ -344,10 +349,9 @@ class ControlClient:
         applied = run is not None and run.live
         if kind == "admit":
             if applied:
-                run.budget.set_limits(run.limits.tighten(limits_from_pb(msg.admit.effective)))
+                run.adopt_limits(limits_from_pb(msg.admit.effective))
                 if msg.admit.price_book_version:
                     run.price_book_version = msg.admit.price_book_version
-                run._arm_deadline()
             self._resolve(msg.admit.request_id, "admit")
         elif kind in ("deny", "cancel"):
             d = getattr(msg, kind)

@@ -51,6 +51,8 @@ class LowLatencySpanProcessor(SpanProcessor):
         self._cond = threading.Condition(threading.Lock())
         self._busy = False
         self._stopped = False
+        self._shut = False
+        self._shutdown_lock = threading.Lock()
         self.exported = 0
         self.failed = 0
         self.dropped = 0
@@ -75,14 +77,27 @@ class LowLatencySpanProcessor(SpanProcessor):
             self._queue.append(span)
             self._cond.notify()
 
-    def shutdown(self) -> None:
-        if self._stopped:
+    def shutdown(self, flush_timeout_ms: float = 2000) -> None:
+        """Flush, stop the worker, shut the exporter down. Exactly once: the SDK closes it and
+        the application's TracerProvider (at exit) shuts it down again, possibly from
+        another thread; a second exporter.shutdown() would log "already shutdown"."""
+        with self._shutdown_lock:
+            if self._shut:
+                return
+            self._shut = True
+        if self._stopped:  # a forked child's copy: no worker, and the channel is the parent's
             return
-        self.force_flush(2000)
+        self.force_flush(flush_timeout_ms)
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
-        self._thread.join(timeout=2.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        if self._thread.is_alive():
+            # Still exporting to a slow guard: shutting the exporter down under it would
+            # only turn that export into an error. The daemon thread ends with the process.
+            log.debug("otel-guard: span export still running at shutdown; exporter left open")
+            return
         try:
             self._exporter.shutdown()
         except Exception:  # pragma: no cover - exporter bugs must not reach the agent

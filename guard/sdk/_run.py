@@ -84,6 +84,7 @@ class Run:
         self.budget = Budget(limits, parent=parent.budget if parent is not None else None)
         self.detector = LoopDetector(limits.loop)
         self.fp = rt.fingerprinter_for(limits.loop.ignore_fields)
+        self.fp_ignore_fields = limits.loop.ignore_fields
         self.soft = SoftLevel()
         self.require_evidence = require_evidence
         self.is_async = is_async
@@ -197,6 +198,29 @@ class Run:
             tp.terminate(self.rt.settings.kill_grace_s)
         return proc
 
+    def adopt_limits(self, admitted: Limits) -> None:
+        """Apply the guard's Admit: the effective limits are the tightest of the admitted and
+        the current ones, budget and loop detection alike (DESIGN §3.3b)."""
+        limits = self.budget.limits.tighten(admitted)
+        self.budget.set_limits(limits)
+        loop = limits.loop
+        with self._lock:
+            old = self.detector
+            s = old.settings
+            if (loop.window, loop.repeat_threshold, loop.no_progress_steps) != (
+                s.window,
+                s.repeat_threshold,
+                s.no_progress_steps,
+            ):
+                # Normally before the first step (a run waits for its admit); a late admit
+                # restarts the detection window under the stricter settings.
+                self.detector = LoopDetector(loop)
+                self.detector.hits = old.hits
+            if set(loop.ignore_fields) != set(self.fp_ignore_fields):
+                self.fp = self.rt.fingerprinter_for(loop.ignore_fields)
+                self.fp_ignore_fields = loop.ignore_fields
+        self._arm_deadline()
+
     def pause(self, reason: str = "") -> None:
         """Pause for approval: not a stop. The deadline freezes if the policy says so."""
         self.budget.pause()
@@ -305,16 +329,18 @@ class Run:
         """Full check before new work: interrupts, pending stops, then the policy."""
         if self._interrupt is not None or self._pending is not None:
             self.check_stop()
-        d = self.budget.decide(phase=phase)
-        if d.action is not Action.CONTINUE:
+        # Only a decision stronger than the soft level already given can change anything, and
+        # decide_quick() skips the evaluation when none can come out (hot path: 3 per step).
+        d = self.budget.decide_quick(phase=phase, above=self.soft.level)
+        if d is not None and d.action is not Action.CONTINUE:
             self.apply(d, raise_now=True)
         if self.parent is not None:
             self._check_ancestors(phase)
 
     def after(self, phase: Phase, loop: Any = None) -> None:
         """Evaluate after a model call / tool batch: a stop becomes pending."""
-        d = self.budget.decide(phase=phase, loop=loop)
-        if d.action is not Action.CONTINUE:
+        d = self.budget.decide_quick(phase=phase, loop=loop, above=self.soft.level)
+        if d is not None and d.action is not Action.CONTINUE:
             self.apply(d, raise_now=False)
         if self.parent is not None:
             self._check_ancestors(phase, raise_now=False)
@@ -322,8 +348,8 @@ class Run:
     def _check_ancestors(self, phase: Phase, raise_now: bool = True) -> None:
         anc = self.parent
         while anc is not None:
-            d = anc.budget.decide(phase=phase)
-            if d.stop:
+            d = anc.budget.decide_quick(phase=phase, above=Action.WRAP_UP)  # only stops matter
+            if d is not None and d.stop:
                 anc.apply(d, raise_now=False)  # the parent stops when the child unwinds
                 msg = f"parent run {anc.run_id}: {d.message}"
                 self.apply(

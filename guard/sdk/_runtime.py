@@ -51,8 +51,10 @@ class Runtime:
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
         self.processor: LowLatencySpanProcessor | None = None
         self.control: ControlClient | None = None
+        if settings.span_target is not None:
+            self._attach_exporter(settings)
         if settings.endpoint is not None:
-            self._attach_guard(settings)
+            self._attach_control(settings)
 
     # -- providers and export ---------------------------------------------------------------
     @staticmethod
@@ -74,16 +76,16 @@ class Runtime:
         # installing a global the application might set later (set-once semantics).
         return TracerProvider(), True
 
-    def _attach_guard(self, settings: Settings) -> None:
-        from guard.sdk._control import ControlClient
+    def _attach_exporter(self, settings: Settings) -> None:
+        """The SDK's own low-latency span export (``span_export="direct"``)."""
         from guard.sdk._export import LowLatencySpanProcessor, make_otlp_exporter
 
-        assert settings.target is not None
+        assert settings.span_target is not None
         try:
             exporter = make_otlp_exporter(
-                settings.target,
+                settings.span_target,
                 token=settings.token,
-                secure=settings.secure,
+                secure=settings.span_secure,
                 timeout_s=settings.export_timeout_s,
             )
             self.processor = LowLatencySpanProcessor(
@@ -96,6 +98,10 @@ class Runtime:
             self.provider.add_span_processor(self.processor)
         except Exception:
             log.exception("otel-guard: could not attach the span exporter; spans stay local")
+
+    def _attach_control(self, settings: Settings) -> None:
+        from guard.sdk._control import ControlClient
+
         try:
             self.control = ControlClient(settings, self)
             self.control.start()
@@ -156,6 +162,15 @@ class Runtime:
         return ok
 
     def close(self) -> None:
+        """Shut down in dependency order: the spans still queued go out first (the guard
+        sees a run's last steps), then the control stream drains its last RunEnded records
+        and half-closes, then the exporter and, if it is ours, the provider, each once."""
+        flushed = True
+        if self.processor is not None:
+            try:
+                flushed = self.processor.force_flush(2000)
+            except Exception:  # pragma: no cover
+                log.debug("span flush failed", exc_info=True)
         if self.control is not None:
             try:
                 self.control.stop()
@@ -163,7 +178,8 @@ class Runtime:
                 log.debug("control stop failed", exc_info=True)
         if self.processor is not None:
             try:
-                self.processor.shutdown()
+                # A guard that did not take the spans within 2 s gets no second 2 s wait.
+                self.processor.shutdown(flush_timeout_ms=2000 if flushed else 0)
             except Exception:  # pragma: no cover
                 log.debug("processor shutdown failed", exc_info=True)
         if self.owns_provider:

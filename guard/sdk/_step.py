@@ -12,7 +12,7 @@ from opentelemetry.trace import Status, StatusCode
 from guard.policy import Action, Phase
 from guard.sdk import _spans as A
 from guard.sdk._calls import MISSING, record_model_call, record_tool_call
-from guard.sdk._run import current_run_or_none
+from guard.sdk._run import _current as _current_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._run import Run
@@ -23,6 +23,14 @@ _current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "guard_step", default=None
 )
 _ERROR = Status(StatusCode.ERROR)
+# Hot path (every step): module-level names instead of attribute lookups.
+_BEFORE_STEP, _CONTINUE = Phase.BEFORE_STEP, Action.CONTINUE
+_STEP_SPAN, _RUN_ID, _TENANT, _STEP_INDEX = A.STEP_SPAN, A.RUN_ID, A.TENANT, A.STEP_INDEX
+_set_span_in_context, _attach, _detach = (
+    trace.set_span_in_context,
+    otel_context.attach,
+    otel_context.detach,
+)
 
 
 def current_step() -> Step | None:
@@ -68,23 +76,24 @@ class Step:
         run = self.run
         if run is None:
             return self
-        run.check(Phase.BEFORE_STEP)
+        run.check(_BEFORE_STEP)
         run.budget.record_step()
-        run.step_index += 1
-        self.index = run.step_index
-        self.span = run.rt.tracer.start_span(
-            A.STEP_SPAN,
+        run.step_index = index = run.step_index + 1
+        self.index = index
+        span = self.span = run.rt.tracer.start_span(
+            _STEP_SPAN,
             context=run.ctx,
-            attributes={A.RUN_ID: run.run_id, A.TENANT: run.tenant, A.STEP_INDEX: self.index},
+            attributes={_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index},
         )
-        self._ctx = trace.set_span_in_context(self.span)
-        self._otel_token = otel_context.attach(self._ctx)
+        self._ctx = ctx = _set_span_in_context(span)
+        self._otel_token = _attach(ctx)
         self._token = _current_step.set(self)
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         run = self.run
-        if run is None or self.span is None:
+        span = self.span
+        if run is None or span is None:
             return
         attrs: dict[str, Any] = {}
         if self._progress is not None:
@@ -95,20 +104,20 @@ class Step:
             attrs[A.ACTION_FP] = self.action
         if et is not None:
             attrs[A.ERROR_TYPE] = et.__qualname__
-            self.span.set_status(_ERROR)
+            span.set_status(_ERROR)
         else:
             with run._lock:
                 verdict = run.detector.end_step(
                     state=self._state, progress=self._progress, acted=self.tool_calls > 0
                 )
-            if verdict.level is not Action.CONTINUE:
+            if verdict.level is not _CONTINUE:
                 run.after(Phase.AFTER_TOOL_BATCH, verdict)
         if attrs:
-            self.span.set_attributes(attrs)
-        self.span.end()
+            span.set_attributes(attrs)
+        span.end()
         try:
             _current_step.reset(self._token)
-            otel_context.detach(self._otel_token)
+            _detach(self._otel_token)
         except ValueError:  # exited in another context (e.g. a generator); harmless
             pass
         self.span = None
@@ -148,20 +157,20 @@ class Step:
             return cost_usd
         cost = record_model_call(
             run,
-            self._parent(),
-            model=model,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            reasoning_tokens=reasoning_tokens,
-            cached_tokens=cached_tokens,
-            cost_usd=cost_usd,
-            provider=provider,
-            operation=operation,
-            response_id=response_id,
-            error=error,
-            started_at=started_at,
+            self._ctx if self._ctx is not None else run.ctx,
+            model,
+            input_tokens,
+            output_tokens,
+            reasoning_tokens,
+            cached_tokens,
+            cost_usd,
+            provider,
+            operation,
+            response_id,
+            error,
+            started_at,
         )
-        if run.cancelled:  # recorded first: completed results are kept
+        if run._interrupt is not None:  # recorded first: completed results are kept
             run.check_stop()
         return cost
 
@@ -188,18 +197,18 @@ class Step:
         self.tool_calls += 1
         fp = record_tool_call(
             run,
-            self._parent(),
+            self._ctx if self._ctx is not None else run.ctx,
             self,
             name,
             args,
-            result=result,
-            attempts=attempts,
-            cost_usd=cost_usd,
-            error=error,
-            call_id=call_id,
-            started_at=started_at,
+            result,
+            attempts,
+            cost_usd,
+            error,
+            call_id,
+            started_at,
         )
-        if run.cancelled:
+        if run._interrupt is not None:
             run.check_stop()
         return fp
 
@@ -222,4 +231,4 @@ class Step:
 
 def step() -> Step:
     """Open one step of the current run: ``with guard.step() as step: ...``."""
-    return Step(current_run_or_none())
+    return Step(_current_run.get())

@@ -23,12 +23,22 @@ class FakeGuard(pb_grpc.GuardControlServicer):
     """Answers Hello with Welcome and RunStarted with ``decide(run_started) -> GuardMessage``
     (or nothing when it returns None). Records every AgentMessage."""
 
-    def __init__(self, decide: Callable[[pb.RunStarted], pb.GuardMessage | None] | None = None):
+    def __init__(
+        self,
+        decide: Callable[[pb.RunStarted], pb.GuardMessage | None] | None = None,
+        *,
+        read_delay_s: float = 0.0,
+        heartbeat_interval_ms: int = 100,
+    ):
+        """``read_delay_s``: a slow guard, pausing before it reads each message after Hello."""
         self.decide = decide or (
             lambda rs: pb.GuardMessage(
                 admit=pb.Admit(run_id=rs.run_id, request_id=rs.request_id, effective=rs.requested)
             )
         )
+        self.read_delay_s = read_delay_s
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.stream_ends: list[str] = []  # how each stream ended: "agent" (half-close) / "error"
         self.received: list[pb.AgentMessage] = []
         self.metadata: list[dict] = []
         self.streams: list[queue.Queue[Any]] = []
@@ -81,6 +91,8 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         def reader() -> None:
             try:
                 for msg in request_iterator:
+                    if self.read_delay_s and msg.WhichOneof("body") != "hello":
+                        time.sleep(self.read_delay_s)  # behind: the agent's writes queue up
                     with self.cond:
                         self.received.append(msg)
                         self.cond.notify_all()
@@ -89,7 +101,10 @@ class FakeGuard(pb_grpc.GuardControlServicer):
                         out.put(
                             pb.GuardMessage(
                                 command_id=next(self._ids),
-                                welcome=pb.Welcome(guard_id="fake", heartbeat_interval_ms=100),
+                                welcome=pb.Welcome(
+                                    guard_id="fake",
+                                    heartbeat_interval_ms=self.heartbeat_interval_ms,
+                                ),
                             )
                         )
                     elif kind == "run_started":
@@ -97,8 +112,12 @@ class FakeGuard(pb_grpc.GuardControlServicer):
                         if reply is not None:
                             reply.command_id = next(self._ids)
                             out.put(reply)
+                end = "agent"
             except grpc.RpcError:
-                pass
+                end = "error"
+            with self.cond:
+                self.stream_ends.append(end)
+                self.cond.notify_all()
             out.put(None)
 
         threading.Thread(target=reader, daemon=True).start()

@@ -69,3 +69,28 @@ def test_disabled_mode_is_a_pass_through(monkeypatch: pytest.MonkeyPatch) -> Non
     import asyncio
 
     assert asyncio.run(g()) == "async"
+
+
+def test_span_export_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = guard.configure(endpoint="guard:4317", disabled=True)
+    assert (s.span_export, s.span_target) == ("direct", "guard:4317")
+    s = guard.configure(
+        endpoint="guard:4317", span_endpoint="https://collector:4317", disabled=True
+    )
+    assert s.span_target == "collector:4317" and s.span_secure and not s.secure
+    assert s.target == "guard:4317"  # the control stream stays direct
+    monkeypatch.setenv("OTEL_GUARD_SPAN_EXPORT", " None ")
+    s = guard.configure(endpoint="guard:4317", disabled=True)
+    assert s.span_export == "none" and s.span_target is None and s.target == "guard:4317"
+    monkeypatch.setenv("OTEL_GUARD_SPAN_EXPORT", "direct")
+    monkeypatch.setenv("OTEL_GUARD_SPAN_ENDPOINT", "collector:4317")
+    assert guard.configure(disabled=True).span_target == "collector:4317"
+    with pytest.raises(ConfigError) as info:
+        guard.configure(span_export="collector")
+    assert info.value.path == "span_export" and "direct, none" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        guard.configure(span_export="none")  # span_endpoint still comes from the environment
+    assert info.value.path == "span_endpoint"
+    with pytest.raises(ConfigError, match="host:port") as info:
+        guard.configure(span_endpoint="collector")
+    assert info.value.path == "span_endpoint"

@@ -310,3 +310,56 @@ def test_nothing_raw_crosses_the_wire(fake: FakeGuard) -> None:
     assert fake.of("run_ended")[0].outcome.reason == "tool_error"
     for canary in canaries:
         assert canary.encode() not in wire
+
+
+def test_shutdown_delivers_the_last_run_ended_to_a_slow_guard() -> None:
+    """A guard that reads behind (CPU load) still gets the RunEnded written just before
+    shutdown: the SDK half-closes and waits for the guard to end the stream instead of
+    cancelling it while the last write is unread."""
+    slow = FakeGuard(read_delay_s=0.1, heartbeat_interval_ms=60_000)
+    try:
+        guard.configure(**_settings(slow))
+
+        @guard.run(agent="bot")
+        def f() -> str:
+            with guard.step():
+                pass
+            return "done"
+
+        assert f() == "done"
+        guard.shutdown()  # at once: the guard has not read the RunEnded yet
+        ended = slow.wait(lambda m: m.WhichOneof("body") == "run_ended", timeout=5.0)
+        assert ended is not None and ended.run_ended.outcome.reason == "final_answer"
+        with slow.cond:
+            slow.cond.wait_for(lambda: slow.stream_ends, timeout=5.0)
+        assert slow.stream_ends == ["agent"]  # ended by the agent's half-close, not a cancel
+    finally:
+        slow.stop()
+
+
+def test_admit_loop_settings_are_adopted_tightest_wins(fake: FakeGuard) -> None:
+    """The effective limits are the tightest of the decorator and the guard's Admit: loop
+    detection included (window, repeat threshold, stagnation), not only the budgets."""
+    from guard.policy import LoopSettings
+
+    admitted = Limits(loop=LoopSettings(window=8, repeat_threshold=2, no_progress_steps=30))
+    fake.decide = lambda rs: pb.GuardMessage(
+        admit=pb.Admit(run_id=rs.run_id, request_id=rs.request_id, effective=limits_to_pb(admitted))
+    )
+    seen = {}
+    with capture_spans(**_settings(fake)):
+
+        @guard.run(agent="bot", loop={"window": 20, "repeat_threshold": 10, "no_progress_steps": 5})
+        def f() -> None:
+            loop = guard.current_run().limits.loop
+            seen["loop"] = (loop.window, loop.repeat_threshold, loop.no_progress_steps)
+            for _ in range(5):
+                with guard.step() as step:
+                    step.tool_call("search", {"q": "refund"}, result="nothing")
+
+        with pytest.raises(guard.RunStopped) as info:
+            f()
+    assert seen["loop"] == (8, 2, 5)  # each the tighter of the two
+    o = info.value.outcome
+    # The guard's repeat_threshold (2), not the decorator's (10), stopped it locally.
+    assert (o.reason, o.decided_by, o.tool_calls) == ("loop_detected", "sdk", 2)

@@ -166,3 +166,98 @@ def test_export_errors_are_counted_not_raised() -> None:
         rt = get_runtime()
         rt.flush(3)
         assert rt.processor is not None and rt.processor.failed >= 1
+
+
+# ------------------------------------------------------------------ span export settings
+
+
+def _guarded_run() -> None:
+    @guard.run(agent="pipeline-bot", max_steps=3)
+    def f() -> str:
+        with guard.step() as step:
+            step.model_call(model="gpt-4.1", input_tokens=5, output_tokens=1)
+        return "ok"
+
+    assert f() == "ok"
+
+
+def _span_names(raw: list[bytes]) -> list[str]:
+    names = []
+    for blob in raw:
+        req = trace_service_pb2.ExportTraceServiceRequest.FromString(blob)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                names.extend(s.name for s in ss.spans)
+    return names
+
+
+def test_span_export_none_keeps_the_control_stream_and_exports_nothing() -> None:
+    """The application's own pipeline (a collector) already delivers the spans to the guard:
+    the SDK sends none itself (no double export), the control stream is unchanged."""
+    from _sdk_fake_guard import FakeGuard
+
+    fake = FakeGuard()
+    try:
+        with capture_spans(endpoint=fake.endpoint, span_export="none") as sink:
+            _guarded_run()
+            assert not any(k.startswith("spans_") for k in guard.stats())
+            # The application's pipeline still gets every span.
+            assert {"chat gpt-4.1", "guard.step", "invoke_agent pipeline-bot"} <= set(sink.names())
+            guard.shutdown()
+        kinds = [m.WhichOneof("body") for m in fake.received]
+        assert kinds[0] == "hello" and "run_started" in kinds and "run_ended" in kinds
+        assert fake.traces.raw == []
+    finally:
+        fake.stop()
+
+
+def test_span_endpoint_sends_spans_to_the_collector_and_control_to_the_guard() -> None:
+    from _sdk_fake_guard import FakeGuard
+
+    fake, collector = FakeGuard(), FakeGuard()
+    try:
+        with capture_spans(endpoint=fake.endpoint, span_endpoint=collector.endpoint):
+            _guarded_run()
+            guard.shutdown()
+        assert {"chat gpt-4.1", "guard.step", "invoke_agent pipeline-bot"} <= set(
+            _span_names(collector.traces.raw)
+        )
+        assert fake.traces.raw == []  # nothing went twice
+        assert [m.WhichOneof("body") for m in collector.received] == []  # no control there
+        assert "run_ended" in [m.WhichOneof("body") for m in fake.received]
+    finally:
+        fake.stop()
+        collector.stop()
+
+
+def test_shutdown_order_is_clean_with_the_applications_provider(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """guard.shutdown() and then the application's provider shutdown (at exit, possibly from
+    two threads at once) shut the exporter down exactly once: no "already shutdown" logs,
+    and the spans were delivered before the exporter closed."""
+    from _sdk_fake_guard import FakeGuard
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from guard.sdk._runtime import get_runtime
+
+    fake = FakeGuard()
+    provider = TracerProvider()
+    try:
+        with caplog.at_level("WARNING"):
+            guard.configure(endpoint=fake.endpoint, tracer_provider=provider)
+            _guarded_run()
+            processor = get_runtime().processor
+            assert processor is not None
+            guard.shutdown()
+            threads = [threading.Thread(target=processor.shutdown) for _ in range(4)]
+            threads.append(threading.Thread(target=provider.shutdown))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+        assert "invoke_agent pipeline-bot" in _span_names(fake.traces.raw)
+        assert not [r for r in caplog.records if "already shutdown" in r.getMessage()]
+        assert "run_ended" in [m.WhichOneof("body") for m in fake.received]
+    finally:
+        fake.stop()
