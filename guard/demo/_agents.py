@@ -90,10 +90,8 @@ async def _main_async(args: argparse.Namespace) -> int:
     _emit("ready", process=args.name, tenant=args.tenant, pid=os.getpid())
     for wave in plan:
         await asyncio.gather(*(_run_item(item, gate, args.name) for item in wave))
-    # Shut the SDK down as an application does at exit: it flushes the spans and closes the
-    # control stream. The short pause before it lets the last RunEnded leave the process:
-    # shutdown() drains the send queue but can still cut a write that is in flight.
-    await asyncio.sleep(0.5)
+    # Shut the SDK down as an application does at exit: it flushes the spans, sends every
+    # RunEnded and waits for the guard to read them before closing the control stream.
     guard.shutdown()
     _emit("done", process=args.name)
     return 0
