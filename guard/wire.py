@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from guard.errors import InvalidInput
 from guard.policy._types import (
     DEFAULT_SOFT_THRESHOLDS,
+    USAGE_COUNTERS,
     DecidedBy,
     Limits,
     LoopSettings,
@@ -45,16 +46,6 @@ __all__ = [
 
 _INT_LIMITS = ("max_steps", "max_tool_calls", "max_model_calls", "max_tokens", "reserve_tokens")
 _FLOAT_LIMITS = ("max_cost_usd", "deadline_s", "reserve_s")
-_USAGE_INTS = (
-    "steps",
-    "model_calls",
-    "tool_calls",
-    "tool_attempts",
-    "input_tokens",
-    "output_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-)
 
 
 def _finite(name: str, value: float) -> float:
@@ -133,7 +124,7 @@ def usage_to_pb(usage: Usage | None) -> pb.Usage:
     msg = pb.Usage()
     if usage is None:
         return msg
-    for name in _USAGE_INTS:
+    for name in USAGE_COUNTERS:
         setattr(msg, name, max(0, int(getattr(usage, name))))
     if usage.cost_usd is not None and math.isfinite(usage.cost_usd):
         msg.cost_usd = float(usage.cost_usd)
@@ -144,7 +135,7 @@ def usage_from_pb(msg: pb.Usage | None) -> Usage:
     """``guard.v1.Usage`` -> policy :class:`Usage`. Rejects NaN, infinite or negative cost."""
     if msg is None:
         return Usage()
-    usage = Usage(**{name: int(getattr(msg, name)) for name in _USAGE_INTS})
+    usage = Usage(**{name: int(getattr(msg, name)) for name in USAGE_COUNTERS})
     if msg.HasField("cost_usd"):
         cost = _finite("usage.cost_usd", msg.cost_usd)
         if cost < 0:

@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_SOFT_THRESHOLDS",
+    "USAGE_COUNTERS",
     "Action",
     "DecidedBy",
     "Decision",
@@ -103,6 +104,19 @@ class DecidedBy(StrEnum):
 
 DEFAULT_SOFT_THRESHOLDS: tuple[float, float] = (0.7, 0.9)
 
+# The integer counters of a Usage, in wire and table order (cost_usd is kept apart: it may
+# be unknown).
+USAGE_COUNTERS: tuple[str, ...] = (
+    "steps",
+    "model_calls",
+    "tool_calls",
+    "tool_attempts",
+    "input_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
@@ -183,16 +197,7 @@ class Usage:
 
     def add(self, other: Usage) -> None:
         """Add another usage in place (``None`` cost stays unknown only if both are)."""
-        for name in (
-            "steps",
-            "model_calls",
-            "tool_calls",
-            "tool_attempts",
-            "input_tokens",
-            "output_tokens",
-            "reasoning_tokens",
-            "cached_tokens",
-        ):
+        for name in USAGE_COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.cost_usd is not None:
             self.cost_usd = (self.cost_usd or 0.0) + other.cost_usd
@@ -267,16 +272,22 @@ class Outcome:
 
     @property
     def usage(self) -> Usage:
-        return Usage(
-            steps=self.steps,
-            model_calls=self.model_calls,
-            tool_calls=self.tool_calls,
-            tool_attempts=self.tool_attempts,
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            reasoning_tokens=self.reasoning_tokens,
-            cached_tokens=self.cached_tokens,
-            cost_usd=self.cost_usd,
+        return Usage(**{n: getattr(self, n) for n in USAGE_COUNTERS}, cost_usd=self.cost_usd)
+
+    @classmethod
+    def from_usage(
+        cls, usage: Usage, *, limits: Limits, elapsed_s: float, **fields: Any
+    ) -> Outcome:
+        """An outcome carrying every counter of ``usage``, the elapsed time and the deadline.
+
+        The SDK and the guard both end runs through this, so their records cannot drift.
+        """
+        return cls(
+            **{n: getattr(usage, n) for n in USAGE_COUNTERS},
+            cost_usd=usage.cost_usd,
+            elapsed_ms=int(elapsed_s * 1000),
+            deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
+            **fields,
         )
 
     def to_dict(self) -> dict[str, Any]:

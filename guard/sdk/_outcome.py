@@ -54,7 +54,10 @@ def build_outcome(run: Run, status: Status, reason: Reason, message: str, by: De
     limits = run.budget.limits
     stopped = status is not Status.COMPLETED
     partial = run.partial_result if run.partial_result is not None else run.did_work
-    return Outcome(
+    return Outcome.from_usage(
+        u,
+        limits=limits,
+        elapsed_s=run.elapsed_s(),
         run_id=run.run_id,
         status=status,
         reason=reason,
@@ -63,17 +66,6 @@ def build_outcome(run: Run, status: Status, reason: Reason, message: str, by: De
         tenant=run.tenant,
         agent=run.agent,
         trace_id=run.trace_id,
-        steps=u.steps,
-        model_calls=u.model_calls,
-        tool_calls=u.tool_calls,
-        tool_attempts=u.tool_attempts,
-        input_tokens=u.input_tokens,
-        output_tokens=u.output_tokens,
-        reasoning_tokens=u.reasoning_tokens,
-        cached_tokens=u.cached_tokens,
-        cost_usd=u.cost_usd,
-        elapsed_ms=int(run.elapsed_s() * 1000),
-        deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
         last_tool=run.last_tool,
         last_action_hash=run.last_action_hash,
         loop_hits=run.detector.hits,

@@ -59,9 +59,10 @@ class Lifecycle:
         self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
     ) -> Outcome:
         """End a run on the guard's side and write its outcome."""
-        u = run.budget.usage()
-        limits = run.budget.limits
-        outcome = Outcome(
+        outcome = Outcome.from_usage(
+            run.budget.usage(),
+            limits=run.budget.limits,
+            elapsed_s=run.budget.elapsed_s(),
             run_id=run.run_id,
             status=status,
             reason=reason,
@@ -70,17 +71,6 @@ class Lifecycle:
             tenant=run.tenant,
             agent=run.agent,
             trace_id=run.trace_id.hex(),
-            steps=u.steps,
-            model_calls=u.model_calls,
-            tool_calls=u.tool_calls,
-            tool_attempts=u.tool_attempts,
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            reasoning_tokens=u.reasoning_tokens,
-            cached_tokens=u.cached_tokens,
-            cost_usd=u.cost_usd,
-            elapsed_ms=int(run.budget.elapsed_s() * 1000),
-            deadline_ms=None if limits.deadline_s is None else int(limits.deadline_s * 1000),
             last_tool=run.last_tool,
             last_action_hash=run.last_action_hash,
             loop_hits=run.loop.hits,
