@@ -62,7 +62,7 @@ _MAX_ID_CHARS = 256  # run ids, tenants, hashes: anything longer is not ours
 _MAX_COUNTER = 1 << 40  # ~1e12 tokens in one call is an attack or a bug, not usage
 
 # Observation layout: one flat list per span (a list copy is far cheaper than an object with
-# thirty attributes). Indices 0..25 are attribute slots, the rest are span fields.
+# thirty attributes). Indices 0..25 are attribute slots, 26..30 span fields, 31 spare.
 (
     RUN_ID,
     PARENT_RUN,
@@ -96,7 +96,10 @@ _MAX_COUNTER = 1 << 40  # ~1e12 tokens in one call is an attack or a bug, not us
     SPAN_ID,
     PARENT_SPAN_ID,
 ) = range(31)
-_NSLOTS = 31
+# One more slot, always None: the fast decoder (_rawdecode) writes the None of an attribute
+# it skips there, one store instead of a test per attribute. Nothing else reads it.
+_SPARE = 31
+_NSLOTS = 32
 _TEMPLATE = [None] * _NSLOTS
 # private aliases used below
 _RUN_ID, _PARENT_RUN, _TENANT, _OP, _AGENT, _MODEL, _RESP_MODEL = range(7)

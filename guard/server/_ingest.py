@@ -6,12 +6,16 @@ records usage (AFTER_MODEL_CALL); a tool span records the call and feeds
 ``loop.end_step`` and the forecaster (BEFORE_STEP); a run span does nothing while the
 agent's stream is up (RunEnded carries the outcome), else its stop attributes end the run.
 
-Batching (the issue's "batch work per request"): usage is recorded span by span, but each
-run touched by a request is *decided* once, after all of that request's spans for it, with
-the phase of its last span and the strongest loop verdict it produced; tenant usage is summed
-per request and added to the rolling windows once. Limits only grow tighter as usage grows,
-so this finds the same stops; it saves one policy evaluation per span. With the SDK's
-low-latency export a request usually holds one step, so decisions stay per step.
+Batching (the issue's "batch work per request"): usage is recorded span by span, except tool
+calls, which are added to each run's budget once per run per request (their counts only add
+up and nothing reads them before the decision; the loop detector still sees every call, in
+order). Each run touched by a request is *decided* once, after all of that request's spans
+for it and after its tool calls are recorded, with the phase of its last span and the
+strongest loop verdict it produced; tenant usage is summed per request and added to the
+rolling windows once. Limits only grow tighter as usage grows, so this finds the same stops;
+it saves one policy evaluation per span. With the SDK's low-latency export a request usually
+holds one step, so decisions stay per step. The hot path (tool, model and step spans) is
+inlined in ``ingest``: this loop runs once per span.
 
 Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trace. A model
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
@@ -22,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import Action, DecidedBy, Phase, Reason, Status, Usage
+from guard.server._decisions import _forecast_due
 from guard.server._decode import (
     ACTION_FP,
     AGENT,
@@ -67,6 +72,24 @@ _BEFORE_STEP = Phase.BEFORE_STEP
 _RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
 
 
+def _flush(touched: dict[RunState, list[Any]], spent: dict[str, Usage]) -> None:
+    """Record the tool calls counted in ``touched`` in their runs' budgets (one call per run)
+    and in their tenants' usage for this request.
+
+    The counts are ints >= 0 (attempts come from the decoder, which refuses anything else),
+    so ``record_tool_calls`` cannot refuse them.
+    """
+    for run, entry in touched.items():
+        n = entry[2]
+        if n:
+            attempts = entry[3]
+            run.budget.record_tool_calls(n, attempts=attempts)
+            usage = spent[run.tenant]
+            usage.tool_calls += n
+            usage.tool_attempts += attempts
+            entry[2] = entry[3] = 0
+
+
 class Ingest:
     """Span ingestion (mixin; expects the Registry's attributes)."""
 
@@ -88,7 +111,9 @@ class Ingest:
         runs_get = self.runs.get
         trace_get = self.by_trace.get
         scope = principal.tenant
-        # run -> [phase of its last span, strongest loop verdict]; tenant -> summed usage
+        cost_of = self.config.prices.cost_usd
+        # run -> [phase of its last span, strongest loop verdict, tool calls and attempts not
+        # yet recorded in its budget]; tenant -> summed usage
         touched: dict[RunState, list[Any]] = {}
         spent: dict[str, Usage] = {}
         last_id: str | None = None  # consecutive spans mostly belong to the same run
@@ -111,6 +136,7 @@ class Ingest:
                         continue
                     if o[KIND] == KIND_RUN:
                         continue  # the end of a run we never tracked: nothing to decide
+                    _flush(touched, spent)  # making room may end a run touched by this request
                     run = self._implicit(o, principal)
                     if run is None:
                         rejected += 1
@@ -135,32 +161,113 @@ class Ingest:
                     usage = spent[run.tenant] = Usage()
                 entry = touched.get(run)
             kind = o[KIND]
-            try:
-                if kind == KIND_TOOL:
-                    phase, verdict = _AFTER_TOOLS, self._tool(run, o, usage)
-                elif kind == KIND_MODEL:
-                    if not self._model(run, o, usage):
+            # The three common kinds are inlined (this loop runs once per span). Tool calls
+            # are *counted* in the run's budget once per run per request (see _flush): they
+            # only add up, nothing reads the run's tool counters before the decision, and
+            # the loop detector still sees every call, in order.
+            if kind == KIND_TOOL:
+                attempts = o[ATTEMPTS] or 1  # an int >= 0 (decode checked it): cannot fail
+                run.step_tools += 1
+                if o[TOOL_NAME]:
+                    run.last_tool = o[TOOL_NAME]
+                fp = o[ACTION_FP]
+                if fp:
+                    run.last_action_hash = fp
+                    try:
+                        verdict = run.loop.observe_action(fp, o[RESULT_HASH])
+                    except ValueError as exc:  # refused, as before: the call still counts
+                        run.budget.record_tool_calls(1, attempts=attempts)
+                        usage.tool_calls += 1
+                        usage.tool_attempts += attempts
+                        rejected += 1
+                        if len(errors) < 5:
+                            errors.append(str(exc))
                         continue
-                    phase, verdict = _AFTER_MODEL, None
-                elif kind == KIND_STEP:
-                    phase, verdict = _BEFORE_STEP, self._step(run, o, usage)
                 else:
-                    self._run_span(run, o)
-                    last_id = cur = None  # the run may have ended: look it up again
+                    verdict = None
+                if entry is None:
+                    entry = touched[run] = [_AFTER_TOOLS, verdict, 1, attempts]
                     continue
-            except ValueError as exc:  # InvalidInput from the budget: the span is refused
-                rejected += 1
-                if len(errors) < 5:
-                    errors.append(str(exc))
+                entry[0] = _AFTER_TOOLS
+                entry[2] += 1
+                entry[3] += attempts
+            elif kind == KIND_STEP:
+                budget = run.budget
+                try:
+                    budget.record_step()
+                    usage.steps += 1
+                    verdict = run.loop.end_step(
+                        state=o[STATE_HASH], progress=o[PROGRESS], acted=run.step_tools > 0
+                    )
+                    index = o[STEP_INDEX] or budget.usage().steps
+                    run.forecaster.observe(index, run.step_input_tokens)
+                except ValueError as exc:  # InvalidInput from the policy: the span is refused
+                    rejected += 1
+                    if len(errors) < 5:
+                        errors.append(str(exc))
+                    continue
+                run.step_input_tokens = 0
+                run.last_step_tokens, run.step_tokens = run.step_tokens, 0
+                run.last_step_cost, run.step_cost = run.step_cost, 0.0
+                run.step_tools = 0
+                run.last_step = index
+                if entry is None:
+                    entry = touched[run] = [_BEFORE_STEP, verdict, 0, 0]
+                    continue
+                entry[0] = _BEFORE_STEP
+            elif kind == KIND_MODEL:
+                if (o[FOREIGN] or o[RESP_ID] or run.seen is not None) and self._duplicate(run, o):
+                    continue
+                inp, out, cached, reasoning = o[IN], o[OUT], o[CACHED], o[REASONING]
+                model = o[MODEL]
+                cost = o[COST]
+                try:
+                    if cost is None and model:
+                        cost = cost_of(
+                            model, input_tokens=inp, output_tokens=out, cached_tokens=cached
+                        )
+                    run.budget.record_model_call(
+                        input_tokens=inp,
+                        output_tokens=out,
+                        reasoning_tokens=reasoning,
+                        cached_tokens=cached,
+                        cost_usd=cost,
+                    )
+                except ValueError as exc:  # InvalidInput from the budget: the span is refused
+                    rejected += 1
+                    if len(errors) < 5:
+                        errors.append(str(exc))
+                    continue
+                total = inp + out
+                run.step_input_tokens += inp
+                run.step_tokens += total
+                run.tokens_used += total
+                if cost is not None:
+                    run.step_cost += cost
+                    run.cost_used += cost
+                    usage.cost_usd = (usage.cost_usd or 0.0) + cost
+                if model:
+                    run.model = model
+                usage.model_calls += 1
+                usage.input_tokens += inp
+                usage.output_tokens += out
+                usage.reasoning_tokens += reasoning
+                usage.cached_tokens += cached
+                if entry is None:
+                    entry = touched[run] = [_AFTER_MODEL, None, 0, 0]
+                else:
+                    entry[0] = _AFTER_MODEL
                 continue
-            if entry is None:
-                entry = touched[run] = [phase, verdict]
             else:
-                entry[0] = phase
-                if verdict is not None and (
-                    entry[1] is None or _RANK[verdict.level] > _RANK[entry[1].level]
-                ):
-                    entry[1] = verdict
+                _flush(touched, spent)  # the run may end here: its budget must be complete
+                self._run_span(run, o)
+                last_id = cur = None  # the run may have ended: look it up again
+                continue
+            if verdict is not None and (
+                entry[1] is None or _RANK[verdict.level] > _RANK[entry[1].level]
+            ):
+                entry[1] = verdict
+        _flush(touched, spent)
         stats["rejected_spans"] += rejected - decoded.rejected
         for tenant, usage in spent.items():
             td = self.tenants.record(tenant, usage)
@@ -168,9 +275,24 @@ class Ingest:
                 self.tenant_cut(tenant, td)
         if touched:
             now = self.clock()
-            for run, (phase, verdict) in touched.items():
+            for run, (phase, verdict, _, _) in touched.items():
                 run.touched_at = now
-                self._decide(run, phase, verdict)
+                # decide_quick() returns None only when decide() could not return anything
+                # stronger than the soft level the run already has; act() would then do
+                # nothing (SoftLevel pushes each level once), so skipping it changes nothing.
+                if run.stop_reason is None:
+                    d = run.budget.decide_quick(phase=phase, loop=verdict, above=run.soft.level)
+                    if d is not None:
+                        self.act(run, d, verdict)
+                    if (
+                        phase is _BEFORE_STEP
+                        and run.stop_reason is None
+                        and not run.forecast_warned
+                        and _forecast_due(run, run.budget.limits)  # forecast()'s cheap gate
+                    ):
+                        self.forecast(run, run.last_step)
+                if run.parent is not None:
+                    self._decide_parents(run, phase)
         return rejected, errors
 
     def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
@@ -193,88 +315,22 @@ class Ingest:
             admitted=False,
         )
 
-    def _model(self, run: RunState, o: Observation, usage: Usage) -> bool:
-        seen = run.seen
-        resp = o[RESP_ID]
+    def _duplicate(self, run: RunState, o: Observation) -> bool:
+        """True when this model span is a call already counted (see ``SeenCalls``); else
+        remembers it. Only for foreign spans, spans with a response id, or runs that have
+        seen either (the others cannot repeat a counted call)."""
         foreign = o[FOREIGN]
-        if foreign or resp or seen is not None:
-            seen = run.seen_calls()
-            if seen.duplicate(o[SPAN_ID], o[PARENT_SPAN_ID], resp):
-                self.stats["duplicate_model_calls"] += 1
-                return False
-            seen.add(o[SPAN_ID], o[PARENT_SPAN_ID] if foreign else b"", resp)
-            if foreign:
-                self.stats["foreign_model_calls"] += 1
-        inp, out, cached, reasoning = o[IN], o[OUT], o[CACHED], o[REASONING]
-        model = o[MODEL]
-        cost = o[COST]
-        if cost is None and model:
-            cost = self.config.prices.cost_usd(
-                model, input_tokens=inp, output_tokens=out, cached_tokens=cached
-            )
-        run.budget.record_model_call(
-            input_tokens=inp,
-            output_tokens=out,
-            reasoning_tokens=reasoning,
-            cached_tokens=cached,
-            cost_usd=cost,
-        )
-        run.step_input_tokens += inp
-        run.step_tokens += inp + out
-        run.tokens_used += inp + out
-        if cost is not None:
-            run.step_cost += cost
-            run.cost_used += cost
-        if model:
-            run.model = model
-        usage.model_calls += 1
-        usage.input_tokens += inp
-        usage.output_tokens += out
-        usage.reasoning_tokens += reasoning
-        usage.cached_tokens += cached
-        if cost is not None:
-            usage.cost_usd = (usage.cost_usd or 0.0) + cost
-        return True
+        resp = o[RESP_ID]
+        seen = run.seen_calls()
+        if seen.duplicate(o[SPAN_ID], o[PARENT_SPAN_ID], resp):
+            self.stats["duplicate_model_calls"] += 1
+            return True
+        seen.add(o[SPAN_ID], o[PARENT_SPAN_ID] if foreign else b"", resp)
+        if foreign:
+            self.stats["foreign_model_calls"] += 1
+        return False
 
-    def _tool(self, run: RunState, o: Observation, usage: Usage) -> Any:
-        attempts = o[ATTEMPTS] or 1
-        run.budget.record_tool_calls(1, attempts=attempts)
-        run.step_tools += 1
-        usage.tool_calls += 1
-        usage.tool_attempts += attempts
-        if o[TOOL_NAME]:
-            run.last_tool = o[TOOL_NAME]
-        fp = o[ACTION_FP]
-        if fp:
-            run.last_action_hash = fp
-            return run.loop.observe_action(fp, o[RESULT_HASH])
-        return None
-
-    def _step(self, run: RunState, o: Observation, usage: Usage) -> Any:
-        run.budget.record_step()
-        usage.steps += 1
-        verdict = run.loop.end_step(
-            state=o[STATE_HASH], progress=o[PROGRESS], acted=run.step_tools > 0
-        )
-        index = o[STEP_INDEX] or run.budget.usage().steps
-        run.forecaster.observe(index, run.step_input_tokens)
-        run.step_input_tokens = 0
-        run.last_step_tokens, run.step_tokens = run.step_tokens, 0
-        run.last_step_cost, run.step_cost = run.step_cost, 0.0
-        run.step_tools = 0
-        run.last_step = index
-        return verdict
-
-    def _decide(self, run: RunState, phase: Phase, verdict: Any) -> None:
-        # decide_quick() returns None only when decide() could not return anything stronger
-        # than the soft level the run already has; act() would then do nothing (SoftLevel
-        # pushes each level once), so skipping it changes no outcome.
-        if run.stop_reason is None:
-            d = run.budget.decide_quick(phase=phase, loop=verdict, above=run.soft.level)
-            if d is not None:
-                self.act(run, d, verdict)
-            if run.stop_reason is None and phase is _BEFORE_STEP:
-                self.forecast(run, run.last_step)
+    def _decide_parents(self, run: RunState, phase: Phase) -> None:
         parent = run.parent
         while parent is not None:  # nested runs spend their parents' budgets too
             if parent.stop_reason is None and parent.run_id in self.runs:

@@ -8,7 +8,8 @@ Here the request is parsed once, with a copy of the OTLP schema that differs in 
 µs per attribute to hand over). Most attributes repeat verbatim from span to span (run id,
 tenant, operation, model, tool name, ...) and are answered by one dict probe on their exact
 bytes (``_MEMO``); the others by one probe on their first bytes (``_HEAD``) plus a few byte
-checks.
+checks. Per-call values (hashes, ids, call ids under keys we skip) are read inline in the
+decode loop from their head (``_PERCALL``): a UTF-8 (and hex digit) check of the bytes.
 
 Exactness: the fast path only accepts the canonical encoding every OTLP exporter writes (key,
 then value, one-byte lengths, the expected value type). Anything else (an unknown type for a
@@ -38,25 +39,36 @@ from guard.errors import InvalidInput
 from guard.server._decode import (
     _ACTION_FP,
     _BOOL,
+    _CACHED,
     _ERROR,
     _FLOAT,
     _HEX,
     _HEXCHARS,
+    _IN,
     _INF,
     _INT,
     _KEYS,
+    _MODEL,
+    _MODEL_OPS,
     _OP,
+    _OUT,
+    _REASONING,
     _RESP_ID,
+    _RESP_MODEL,
     _RESULT_HASH,
     _RUN_ID,
+    _SPARE,
     _STATE_HASH,
     _STR,
     _TEMPLATE,
     _TOOL_NAME,
     FOREIGN,
     KIND,
+    KIND_MODEL,
     KIND_STEP,
     KIND_TOOL,
+    PARENT_SPAN_ID,
+    SPAN_ID,
     TRACE_ID,
     Decoded,
     Observation,
@@ -100,7 +112,7 @@ _lite_parse = LiteRequest.FromString
 _MEMO: dict[bytes, tuple[int, Any]] = {}
 _MEMO_MAX = 8192
 _MEMO_RAW_MAX = 160  # bytes; longer attributes are decoded each time
-_SKIP = (-1, None)  # an attribute we do not read
+_SKIP = (_SPARE, None)  # an attribute we do not read: its None goes to the spare slot
 _UNIQUE = frozenset({_ACTION_FP, _RESULT_HASH, _STATE_HASH, _RESP_ID})
 
 
@@ -124,7 +136,24 @@ for _key, (_slot, _typ) in _KEYS.items():
             _size,
             _slot not in _UNIQUE,
         )
-del _key, _slot, _typ, _k, _prefix, _lengths, _vlen, _size
+# Per-call strings and digests (see _UNIQUE) never hit _MEMO; their canonical head through
+# the string's length byte says everything _read would check but the bytes themselves, so the
+# decode loop reads them inline: head -> (slot, total size, value offset, hex digest?). _read
+# adds the heads of strings under keys we skip (the spare slot), e.g. per-call tool call ids.
+_PERCALL: dict[bytes, tuple[int, int, int, bool]] = {}
+for _head, (_slot, _typ, _size, _keep) in _HEAD.items():
+    if not _keep and _typ in (_STR, _HEX):
+        _PERCALL[_head + bytes((_head[-2] - 2,))] = (_slot, _size, len(_head) + 1, _typ == _HEX)
+del _key, _slot, _typ, _k, _prefix, _lengths, _vlen, _size, _head, _keep
+_PERCALL_KNOWN = len(_PERCALL)
+_PERCALL_MAX = _PERCALL_KNOWN + 4096  # learnt heads of skipped strings: bounded, like _MEMO
+
+
+def _forget_skips() -> None:
+    for head in [h for h, v in _PERCALL.items() if v[0] == _SPARE]:
+        del _PERCALL[head]
+
+
 _HEAD_GET = _HEAD.get
 _HEXBYTES = "".join(sorted(_HEXCHARS)).encode()
 _DOUBLE = Struct("<d").unpack_from
@@ -191,6 +220,19 @@ def _read(raw: bytes) -> tuple[int, Any]:
             if not _unknown_key(raw):
                 raise IndexError  # not canonical, or a known key in another shape
             out = _SKIP
+            # A string under a key of no interest (a call id, a provider): later ones with the
+            # same head only need their UTF-8 checked (see decode_lite_spans).
+            size = len(raw)
+            if (
+                size > n + 6
+                and raw[n + 2] == 0x12
+                and raw[n + 3] == size - n - 4
+                and raw[n + 4] == 0x0A
+                and raw[n + 5] == size - n - 6
+            ):
+                if len(_PERCALL) >= _PERCALL_MAX:
+                    _forget_skips()
+                _PERCALL[raw[: n + 6]] = (_SPARE, size, n + 6, False)
         else:
             slot, typ, size, keep = hit
             if len(raw) != size:
@@ -248,25 +290,40 @@ def decode_lite_spans(spans: Sequence[Any], out: Decoded) -> Decoded:
     """Decode lite ``Span`` messages into ``out`` (same result as ``decode_spans``)."""
     append = out.observations.append
     memo = _MEMO.get
+    percall = _PERCALL.get
+    spare = _SPARE
+    hexbytes = _HEXBYTES
     template = _TEMPLATE
     out.spans += len(spans)
     for span in spans:
-        o = None
+        o = Observation(template)
         try:
             for raw in span.attributes[:]:  # a plain list iterates faster
                 hit = memo(raw)
                 if hit is None:
-                    hit = _read(raw)
-                slot = hit[0]
-                if slot < 0:
-                    continue
-                if o is None:
-                    o = Observation(template)
-                o[slot] = hit[1]  # two spellings on one span: the last one wins
-            if o is None:
-                continue  # no attribute we care about: not ours, not GenAI
-            # _decode._observe, inlined for the two kinds of most spans (steps and tool calls
-            # of guarded runs); everything else goes through it
+                    # a per-call hash or id in canonical form: _read's checks, inline
+                    u = percall(raw[: raw[1] + 6]) if len(raw) > 8 else None
+                    if u is not None and len(raw) == u[1]:
+                        data = raw[u[2] :]
+                        try:
+                            if u[3] and data.translate(None, hexbytes):
+                                raise ValueError  # not a digest: the reference path says why
+                            value = data.decode()
+                        except ValueError:
+                            hit = _read(raw)
+                        else:
+                            if u[0] != spare:
+                                o[u[0]] = value
+                            continue
+                    else:
+                        hit = _read(raw)
+                # two spellings on one span: the last one wins; skipped ones write None to
+                # the spare slot
+                o[hit[0]] = hit[1]
+            if not o[_RUN_ID] and o[_IN] is None and o[_OUT] is None:
+                continue  # not ours, not a GenAI call (_observe would say so too)
+            # _decode._observe, inlined for the three kinds of most spans (steps, tool and
+            # model calls of guarded runs); everything else goes through it
             name = span.name
             if o[_RUN_ID] and (op := o[_OP]) != "invoke_agent":
                 if name == "guard.step":
@@ -286,6 +343,27 @@ def decode_lite_spans(spans: Sequence[Any], out: Decoded) -> Decoded:
                     o[TRACE_ID] = span.trace_id
                     append(o)
                     continue
+                if not tool and not name.startswith("invoke_agent"):
+                    # a model call of a guarded run, unless its counters are inconsistent
+                    # (cached > input: _observe refuses it and says why)
+                    inp, out_ = o[_IN], o[_OUT]
+                    if inp is not None or out_ is not None or op in _MODEL_OPS:
+                        inp = inp or 0
+                        cached = o[_CACHED] or 0
+                        if cached <= inp:
+                            if o[_MODEL] is None:
+                                o[_MODEL] = o[_RESP_MODEL] or ""
+                            o[_IN] = inp
+                            o[_OUT] = out_ or 0
+                            o[_CACHED] = cached
+                            o[_REASONING] = o[_REASONING] or 0
+                            o[SPAN_ID] = span.span_id
+                            o[PARENT_SPAN_ID] = span.parent_span_id
+                            o[FOREIGN] = False
+                            o[KIND] = KIND_MODEL
+                            o[TRACE_ID] = span.trace_id
+                            append(o)
+                            continue
             o = _observe(span, o)
         except _Bad as exc:
             for raw in span.attributes:  # the rest of the span must still be well-formed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
@@ -309,3 +310,42 @@ def test_fast_decode_kinds_match_the_reference_for_every_name_and_operation():
     got = decode_payload(req.SerializeToString())
     assert [list(o) for o in got.observations] == [list(o) for o in want.observations]
     assert {o.kind for o in got.observations} == {KIND_STEP, KIND_TOOL, KIND_RUN, KIND_MODEL}
+
+
+def _kv_raw(key: str, value: bytes) -> bytes:
+    return _field(1, 2, key.encode()) + _field(2, 2, _field(1, 2, value))
+
+
+def _compare_with_reference(spans_attrs: list[list[bytes]]) -> None:
+    spans = [
+        {"name": "execute_tool t", "trace_id": b"\x03" * 16, "attributes": a} for a in spans_attrs
+    ]
+    data = LiteRequest(resource_spans=[{"scope_spans": [{"spans": spans}]}]).SerializeToString()
+    try:
+        full = otlp.ExportTraceServiceRequest.FromString(data)
+    except Exception:
+        with pytest.raises(InvalidInput, match="malformed OTLP"):
+            decode_payload(data)
+        return
+    want = decode_spans(full.resource_spans[0].scope_spans[0].spans)
+    got = decode_payload(data)
+    assert [list(o) for o in got.observations] == [list(o) for o in want.observations]
+    assert (got.rejected, got.errors) == (want.rejected, want.errors)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["http.url", "gen_ai.tool.call.id", "guard.result.hash", "guard.action.fingerprint"],
+)
+@pytest.mark.parametrize(
+    "second",
+    [b"abcdef01", b"ABCDEF01", b"abcdefXY", b"/\xed\xa0\x80abcd", b"\xc3\x28abcdef", b"12345678"],
+)
+def test_values_read_from_a_known_head_are_checked_like_the_reference(key, second):
+    """The decoder reads per-call values (hashes, ids, skipped strings) from their head once it
+    has seen it: a later value of the same length under the same key must still be validated
+    (hex digits, UTF-8) exactly as the full parse and the reference decoder do."""
+    run = _kv_raw("guard.run.id", b"r")
+    first = [run, _kv_raw(key, b"0123abcd")]
+    _compare_with_reference([first, first])  # the head is learnt
+    _compare_with_reference([first, [run, _kv_raw(key, second)]])

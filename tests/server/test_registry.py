@@ -9,7 +9,7 @@ from guard.server._fanout import AgentSession
 from guard.server._registry import Registry
 from guard.v1 import guard_pb2 as pb
 
-from .conftest import config, model_span, request, span, step_span, trace_id_of
+from .conftest import config, model_span, request, span, step_span, tool_span, trace_id_of
 
 
 class Clock:
@@ -149,3 +149,32 @@ def test_heartbeat_pause_and_deadline():
     reg.heartbeat(session, pb.Heartbeat(runs=[pb.RunProgress(run_id="h")]))
     (_kind, msg), *_ = [x for x in _sent(session) if x[0] == "cancel"]
     assert msg.cancel.reason == "deadline"
+
+
+def test_tool_calls_batched_per_request_still_count_and_stop_in_order():
+    """Tool calls go into the budget once per run per request: the counts, the parent's
+    budget, the tenant's window, the run's outcome (ended mid-request) and the tool quota
+    stop must be what one record per span gave."""
+    reg, session, sink, _ = _registry(tenants={"acme": {"rolling": []}})
+    _start(reg, session, "parent", 1)
+    _start(reg, session, "child", 1, parent_run_id="parent", requested=pb.Limits(max_tool_calls=3))
+    _sent(session)
+    tid = trace_id_of(1)
+    tools = [tool_span("child", tid, f"{i:032x}") for i in range(3)]
+    reg.ingest(decode_request(request(*tools, step_span("child", tid, 1))), ANONYMOUS)
+    child, parent = reg.runs["child"], reg.runs["parent"]
+    assert child.budget.usage().tool_calls == parent.budget.usage().tool_calls == 3
+    assert [m.cancel.reason for k, m in _sent(session) if k == "cancel"] == ["max_tool_calls"]
+    assert child.stop_reason is Reason.MAX_TOOL_CALLS
+
+    # a span-only run ended by its run span in the same request: its outcome has every call
+    solo = trace_id_of(2)
+    end = span(
+        "invoke_agent bot",
+        solo,
+        {"gen_ai.operation.name": "invoke_agent", "guard.run.id": "solo"},
+    )
+    tools = [tool_span("solo", solo, f"{i + 7:032x}") for i in range(4)]
+    reg.ingest(decode_request(request(model_span("solo", solo), *tools, end)), ANONYMOUS)
+    (outcome,) = [o for o in sink.runs if o.run_id == "solo"]
+    assert (outcome.tool_calls, outcome.tool_attempts, outcome.model_calls) == (4, 4, 1)
