@@ -122,6 +122,28 @@ def _tokens(s: str) -> list[str]:
 
 @functools.lru_cache(maxsize=4096)
 def _string_cached(s: str) -> Any:
+    # Fast path, the usual argument: printable ASCII without double spaces that starts with a
+    # letter. _norm() is then strip + casefold; a letter first rules out numbers, "+inf" and
+    # dates; "nan" and "inf" canonicalise to themselves; without a space it is not short text.
+    # What is left is the short-text rule, as in _string_full().
+    if s.isascii() and s.isprintable() and "  " not in s:
+        t = s.strip(" ").casefold()
+        if t[:1].isalpha():
+            if " " not in t:
+                return t
+            if len(t) <= SHORT_MAX_CHARS and t.count(" ") < SHORT_MAX_TOKENS:
+                tokens = t.split(" ") if t.replace(" ", "").isalnum() else _TOKEN.findall(t)
+                if tokens:
+                    joined = " ".join(sorted(tokens))
+                    c = joined[:1]
+                    if (c in "+-." or c.isdigit()) and " " not in joined and _NUM.fullmatch(joined):
+                        return _numeric(joined)
+                    return joined
+            return t
+    return _string_full(s)
+
+
+def _string_full(s: str) -> Any:
     s = _norm(s)
     if _maybe_number(s) and _NUM.fullmatch(s):
         return _numeric(s)
@@ -319,10 +341,25 @@ class Fingerprinter:
             inner.update((_norm(str(tool)) + "\x00").encode())
             if len(self._tools) < 1024:  # tool names are few; bound it anyway
                 self._tools[tool] = inner
+        ignore = self._ignore
         try:
-            canon = _dump(_canon(args, self._ignore))
+            if type(args) is dict:  # _canon()'s mapping branch, inline (the usual arguments)
+                out: dict[str, Any] = {}
+                for k, v in args.items():
+                    key = _key(k if type(k) is str else str(k))
+                    if key in ignore:
+                        continue
+                    cv = (
+                        _string_cached(v) if type(v) is str and len(v) <= 256 else _canon(v, ignore)
+                    )
+                    if key in out:
+                        cv = min(out[key], cv, key=_dump)
+                    out[key] = cv
+                canon = _dump(out)
+            else:
+                canon = _dump(_canon(args, ignore))
         except RecursionError:
-            canon = _canonical(args, self._ignore)  # raises the clear InvalidInput
+            canon = _canonical(args, ignore)  # raises the clear InvalidInput
         h = inner.copy()
         h.update(canon.encode())
         o = self._outer.copy()
@@ -331,13 +368,23 @@ class Fingerprinter:
 
     def result(self, value: Any) -> str:
         """Fingerprint of a tool result (canonical, nothing ignored)."""
-        if type(value) is int:
-            return self._mac(b"result", int.__repr__(value))  # what the JSON encoder writes
-        try:
-            canon = _dump(_canon(value, _NOTHING))
-        except RecursionError:
-            canon = _canonical(value, _NOTHING)  # raises the clear InvalidInput
-        return self._mac(b"result", canon)
+        t = type(value)
+        if t is int:
+            canon = int.__repr__(value)  # what the JSON encoder writes
+        elif t is str and len(value) <= 256:  # _canon() of a short string, as JSON
+            cv = _string_cached(value)
+            canon = _dump(cv) if type(cv) is not str else encode_basestring(cv)
+        else:
+            try:
+                canon = _dump(_canon(value, _NOTHING))
+            except RecursionError:
+                canon = _canonical(value, _NOTHING)  # raises the clear InvalidInput
+        # _mac(b"result", canon), inline (one per tool call)
+        h = self._inner[b"result"].copy()
+        h.update(canon.encode())
+        o = self._outer.copy()
+        o.update(h.digest())
+        return o.hexdigest()[:32]
 
     def state(self, facts: Iterable[Any]) -> str:
         """Order-insensitive fingerprint of a fact set (duplicates collapse)."""

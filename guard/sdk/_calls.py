@@ -17,7 +17,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
     from guard.sdk._run import Run
 
-__all__ = ["MISSING", "current_batch", "record_model_call", "record_tool_call", "reserve_tool"]
+__all__ = [
+    "MISSING",
+    "current_batch",
+    "provider_for",
+    "record_tool_call",
+    "reserve_tool",
+]
 
 MISSING: Any = object()  # "no result given" (None is a legitimate tool result)
 
@@ -25,11 +31,10 @@ MISSING: Any = object()  # "no result given" (None is a legitimate tool result)
 current_batch: contextvars.ContextVar[Any] = contextvars.ContextVar("guard_batch", default=None)
 _ERROR = Status(StatusCode.ERROR)
 _CLIENT, _INTERNAL = SpanKind.CLIENT, SpanKind.INTERNAL
-_AFTER_MODEL, _AFTER_TOOLS, _CONTINUE = (
-    Phase.AFTER_MODEL_CALL,
-    Phase.AFTER_TOOL_BATCH,
-    Action.CONTINUE,
-)
+_AFTER_TOOLS, _CONTINUE = Phase.AFTER_TOOL_BATCH, Action.CONTINUE
+# Hot path (every tool call): module-level names instead of attribute lookups.
+_OPERATION, _TOOL_NAME, _ACTION_FP = A.OPERATION, A.TOOL_NAME, A.ACTION_FP
+_TOOL_ATTEMPTS, _RUN_ID, _RESULT_HASH = A.TOOL_ATTEMPTS, A.RUN_ID, A.RESULT_HASH
 
 
 _PROVIDERS = (  # gen_ai.provider.name inferred from well-known model families
@@ -41,6 +46,12 @@ _PROVIDERS = (  # gen_ai.provider.name inferred from well-known model families
     (("grok",), "x_ai"),
 )
 _provider_cache: dict[str, str | None] = {}
+
+
+def provider_for(model: str) -> str | None:
+    """``gen_ai.provider.name`` for a model name (cached), or ``None``."""
+    p = _provider_cache.get(model, MISSING)
+    return _provider(model) if p is MISSING else p
 
 
 def _provider(model: str) -> str | None:
@@ -57,79 +68,6 @@ def _provider(model: str) -> str | None:
     if len(_provider_cache) < 4096:  # bounded: model names come from code, not users
         _provider_cache[model] = found
     return found
-
-
-def record_model_call(
-    run: Run,
-    parent_ctx: Any,
-    model: str,
-    input_tokens: int = 0,
-    output_tokens: int = 0,
-    reasoning_tokens: int = 0,
-    cached_tokens: int = 0,
-    cost_usd: float | None = None,
-    provider: str | None = None,
-    operation: str = "chat",
-    response_id: str | None = None,
-    error: BaseException | None = None,
-    started_at: float | None = None,
-) -> float | None:
-    """Record one model call (usage, cost, span) and evaluate the policy after it.
-
-    Returns the cost in USD (``None`` when the model is unpriced and no cost was given).
-    Arguments are positional-or-keyword so the per-step hot path avoids keyword packing.
-    """
-    rt = run.rt
-    if cost_usd is None:
-        cost_usd = rt.cost_usd(
-            model,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
-        )
-    run.budget.record_model_call(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        reasoning_tokens=reasoning_tokens,
-        cached_tokens=cached_tokens,
-        cost_usd=cost_usd,
-    )
-    attrs: dict[str, Any] = {
-        A.OPERATION: operation,
-        A.REQUEST_MODEL: model,
-        A.INPUT_TOKENS: input_tokens,
-        A.OUTPUT_TOKENS: output_tokens,
-        A.CACHE_READ: cached_tokens,
-        A.REASONING_TOKENS: reasoning_tokens,
-        A.RUN_ID: run.run_id,
-    }
-    if provider is None:
-        provider = _provider_cache.get(model, MISSING)
-        if provider is MISSING:
-            provider = _provider(model)
-    if provider:
-        attrs[A.PROVIDER] = provider
-    if cost_usd is not None:
-        attrs[A.COST_USD] = cost_usd
-    if response_id:
-        attrs[A.RESPONSE_ID] = response_id
-    if error is None:
-        run.did_work = True
-    else:
-        attrs[A.ERROR_TYPE] = type(error).__qualname__
-        tag(error, "model")
-    span = rt.tracer.start_span(
-        f"{operation} {model}",
-        context=parent_ctx,
-        kind=_CLIENT,
-        attributes=attrs,
-        start_time=None if started_at is None else int(started_at * 1e9),
-    )
-    if error is not None:
-        span.set_status(_ERROR)
-    span.end()
-    run.after(_AFTER_MODEL)
-    return cost_usd
 
 
 def reserve_tool(run: Run) -> Reservation | None:
@@ -193,28 +131,44 @@ def record_tool_call(
     in_batch = batch is not None and batch.run is run
     if reservation is None and in_batch:
         reservation = batch.take_slot()  # a call recorded by hand inside an admitted batch
-    run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
-    if reservation is not None:
-        reservation.release()  # after recording: the slot is never free twice
+    # The common case (no batch, no reservation, plain arguments that cannot fail validation):
+    # recorded and decided under one lock after the loop detector. Otherwise recorded first
+    # (an invalid argument raises before anything is observed).
+    quick = (
+        not in_batch
+        and reservation is None
+        and cost_usd is None
+        and type(attempts) is int
+        and attempts >= 0
+    )
+    if not quick:
+        run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
+        if reservation is not None:
+            reservation.release()  # after recording: the slot is never free twice
     with run._lock:  # the loop detector is single-caller; parallel tools share it
         verdict = run.detector.observe_action(action, result_hash)
         run.last_tool = name
         run.last_action_hash = action
         if error is None:
             run.did_work = True
+    d = None
+    if quick:
+        d = run.budget.tool_calls_quick(
+            attempts, None, verdict if verdict.level is not _CONTINUE else None, run.soft._level
+        )
     if step is not None:
         step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {
-        A.OPERATION: "execute_tool",
-        A.TOOL_NAME: name,
-        A.ACTION_FP: action,
-        A.TOOL_ATTEMPTS: attempts,
-        A.RUN_ID: run.run_id,
+        _OPERATION: "execute_tool",
+        _TOOL_NAME: name,
+        _ACTION_FP: action,
+        _TOOL_ATTEMPTS: attempts,
+        _RUN_ID: run.run_id,
     }
     if call_id:
         attrs[A.TOOL_CALL_ID] = call_id
     if result_hash is not None:
-        attrs[A.RESULT_HASH] = result_hash
+        attrs[_RESULT_HASH] = result_hash
     if cost_usd is not None:
         attrs[A.COST_USD] = cost_usd
     if error is not None:
@@ -232,6 +186,11 @@ def record_tool_call(
     span.end()
     if in_batch:
         batch.note_verdict(verdict)
+    elif quick:
+        if d is not None and d.action is not _CONTINUE:
+            run.apply(d, raise_now=False)
+        if run.parent is not None:
+            run._check_ancestors(_AFTER_TOOLS, raise_now=False)
     else:
         run.after(_AFTER_TOOLS, verdict if verdict.level is not _CONTINUE else None)
     return action

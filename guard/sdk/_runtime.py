@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits
+from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits, PriceBook
 from guard.sdk._config import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,6 +46,9 @@ class Runtime:
         self.fingerprinter = self.fingerprinter_for(_DEFAULT_IGNORE)
         self.price_book: Any = settings.price_book or DEFAULT_PRICE_BOOK
         self.price_book_version: str = getattr(self.price_book, "version", "") or ""
+        # model -> (input, cached input, output) USD per 1M tokens, filled by cost_usd() for a
+        # plain PriceBook, so the per-step path prices a call without two calls with keywords.
+        self.rates: dict[str, tuple[float, float, float]] = {}
         self.policy_defaults: Limits | None = None  # pushed by the guard (Welcome / Policy)
         self._lock = threading.Lock()
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
@@ -139,12 +142,14 @@ class Runtime:
         if price_book is not None and price_book.models and self.settings.price_book is None:
             self.price_book = price_book
             self.price_book_version = price_book.version or ""
+            self.rates = {}
 
     def cost_usd(
         self, model: str, *, input_tokens: int, output_tokens: int, cached_tokens: int
     ) -> float | None:
+        book = self.price_book
         try:
-            return self.price_book.cost_usd(
+            cost = book.cost_usd(
                 model,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
@@ -153,6 +158,12 @@ class Runtime:
         except Exception:
             log.debug("price book lookup failed for %r", model, exc_info=True)
             return None
+        if cost is not None and type(book) is PriceBook and len(self.rates) < 4096:
+            p = book.price(model)
+            if p is not None:
+                cached = p.input if p.cached_input is None else p.cached_input
+                self.rates[model] = (p.input, cached, p.output)
+        return cost
 
     # -- lifecycle --------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from guard.policy import Action, Phase
 from guard.sdk import _spans as A
-from guard.sdk._calls import MISSING, record_model_call, record_tool_call
+from guard.sdk._calls import MISSING, _provider_cache, record_tool_call
+from guard.sdk._calls import provider_for as _provider_for
+from guard.sdk._outcome import tag
 from guard.sdk._run import _current as _current_run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,7 +26,15 @@ _current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
 )
 _ERROR = Status(StatusCode.ERROR)
 # Hot path (every step): module-level names instead of attribute lookups.
-_BEFORE_STEP, _CONTINUE = Phase.BEFORE_STEP, Action.CONTINUE
+_BEFORE_STEP, _AFTER_MODEL, _CONTINUE = Phase.BEFORE_STEP, Phase.AFTER_MODEL_CALL, Action.CONTINUE
+_CLIENT = SpanKind.CLIENT
+_OPERATION, _REQUEST_MODEL, _INPUT_TOKENS, _OUTPUT_TOKENS = (
+    A.OPERATION,
+    A.REQUEST_MODEL,
+    A.INPUT_TOKENS,
+    A.OUTPUT_TOKENS,
+)
+_CACHE_READ, _REASONING_TOKENS = A.CACHE_READ, A.REASONING_TOKENS
 _STEP_SPAN, _RUN_ID, _TENANT, _STEP_INDEX = A.STEP_SPAN, A.RUN_ID, A.TENANT, A.STEP_INDEX
 _set_span_in_context, _attach, _detach = (
     trace.set_span_in_context,
@@ -76,8 +86,16 @@ class Step:
         run = self.run
         if run is None:
             return self
-        run.check(_BEFORE_STEP)
-        run.budget.record_step()
+        # The usual case, one lock: nothing can fire, and the step is recorded. Otherwise (or
+        # in a nested run, whose ancestors are checked first) the full check, then the record.
+        if (
+            run._interrupt is not None
+            or run._pending is not None
+            or run.parent is not None
+            or not run.budget.step_if_quiet(run.soft._level)
+        ):
+            run.check(_BEFORE_STEP)
+            run.budget.record_step()
         run.step_index = index = run.step_index + 1
         self.index = index
         span = self.span = run.rt.tracer.start_span(
@@ -155,24 +173,78 @@ class Step:
         run = self.run
         if run is None:
             return cost_usd
-        cost = record_model_call(
-            run,
-            self._ctx if self._ctx is not None else run.ctx,
-            model,
-            input_tokens,
-            output_tokens,
-            reasoning_tokens,
-            cached_tokens,
-            cost_usd,
-            provider,
-            operation,
-            response_id,
-            error,
-            started_at,
+        # The whole recording inline (one model call per step on the hot path).
+        parent_ctx = self._ctx if self._ctx is not None else run.ctx
+        rt = run.rt
+        if cost_usd is None:
+            rates = rt.rates.get(model)
+            if (
+                rates is not None
+                and type(input_tokens) is int
+                and type(output_tokens) is int
+                and type(cached_tokens) is int
+                and input_tokens >= 0
+                and output_tokens >= 0
+                and cached_tokens >= 0
+            ):  # PriceBook.cost_usd()'s arithmetic, in its order (the same float)
+                cached = cached_tokens if cached_tokens < input_tokens else input_tokens
+                cost_usd = (
+                    (input_tokens - cached) * rates[0]
+                    + cached * rates[1]
+                    + output_tokens * rates[2]
+                ) / 1e6
+            else:
+                cost_usd = rt.cost_usd(
+                    model,
+                    input_tokens=input_tokens,
+                    output_tokens=output_tokens,
+                    cached_tokens=cached_tokens,
+                )
+        # Recorded and decided under one lock; the decision is applied once the span is out.
+        d = run.budget.model_call_quick(
+            input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd, run.soft._level
         )
+        attrs: dict[str, Any] = {
+            _OPERATION: operation,
+            _REQUEST_MODEL: model,
+            _INPUT_TOKENS: input_tokens,
+            _OUTPUT_TOKENS: output_tokens,
+            _CACHE_READ: cached_tokens,
+            _REASONING_TOKENS: reasoning_tokens,
+            _RUN_ID: run.run_id,
+        }
+        if provider is None:
+            provider = _provider_cache.get(model, MISSING)
+            if provider is MISSING:
+                provider = _provider_for(model)
+        if provider:
+            attrs[A.PROVIDER] = provider
+        if cost_usd is not None:
+            attrs[A.COST_USD] = cost_usd
+        if response_id:
+            attrs[A.RESPONSE_ID] = response_id
+        if error is None:
+            run.did_work = True
+        else:
+            attrs[A.ERROR_TYPE] = type(error).__qualname__
+            tag(error, "model")
+        span = rt.tracer.start_span(
+            f"{operation} {model}",
+            context=parent_ctx,
+            kind=_CLIENT,
+            attributes=attrs,
+            start_time=None if started_at is None else int(started_at * 1e9),
+        )
+        if error is not None:
+            span.set_status(_ERROR)
+        span.end()
+        if d is not None and d.action is not _CONTINUE:
+            run.apply(d, raise_now=False)
+        if run.parent is not None:
+            run._check_ancestors(_AFTER_MODEL, raise_now=False)
         if run._interrupt is not None:  # recorded first: completed results are kept
             run.check_stop()
-        return cost
+        return cost_usd
 
     def tool_call(
         self,

@@ -16,9 +16,11 @@ import math
 import re
 import unicodedata
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from guard.errors import InvalidInput
 from guard.policy import Action, Budget, Fingerprinter, Limits, LoopSettings, Phase, Usage, decide
 from guard.policy import _fingerprint as F
 from guard.policy._decide import could_act
@@ -79,6 +81,29 @@ def test_precomputed_hmac_is_hmac_sha256(key: bytes | str, payload: str) -> None
     for domain in (b"action", b"result", b"state", b"text"):
         want = hmac.new(raw, domain + b"\x00" + payload.encode(), hashlib.sha256).hexdigest()
         assert fp._mac(domain, payload) == want[:32]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    args=st.one_of(
+        st.dictionaries(
+            st.one_of(st.text(max_size=8), st.integers()),
+            st.one_of(st.text(max_size=40), st.integers(), st.none(), st.lists(st.text())),
+            max_size=5,
+        ),
+        st.text(max_size=300),
+        st.integers(),
+        st.lists(st.text(max_size=10), max_size=3),
+    )
+)
+def test_action_and_result_fast_paths_are_hmac_of_canonicalize(args: object) -> None:
+    """The inline dict / string / int branches of action() and result() hash exactly what
+    canonicalize() produces."""
+    fp = Fingerprinter(KEY, ignore_fields=("page",))
+    assert fp.action("t", args) == fp._mac(
+        b"action", "t\x00" + F.canonicalize(args, ignore_fields=("page",))
+    )
+    assert fp.result(args) == fp._mac(b"result", F.canonicalize(args))
 
 
 # -- reference copies of the string canonicalisation before its fast paths ----------------
@@ -245,6 +270,53 @@ def test_budget_decide_quick_is_decide_or_nothing_stronger() -> None:
         b.record_model_call(input_tokens=80, output_tokens=5)
         t[0] += 0.9
     assert b.decide_quick(loop=stop, above=Action.WRAP_UP) is not None  # a stop always shows
+
+
+def test_budget_fused_hot_paths_are_record_then_decide_quick() -> None:
+    """step_if_quiet / model_call_quick / tool_calls_quick (one lock each, what the SDK runs)
+    leave the same usage and return the same decision as record_*() then decide_quick()."""
+    t = [0.0]
+    cases = [
+        Limits(max_steps=10, max_tokens=1000, deadline_s=10.0, reserve_tokens=100),
+        Limits(max_tool_calls=6, max_cost_usd=0.01, soft_thresholds=(0.5, 0.8)),
+        Limits(max_model_calls=5, reserve_s=2.0, deadline_s=6.0),
+        Limits(),
+    ]
+    stop = LoopVerdict(Action.STOP, Reason.LOOP_DETECTED, "exact_repeat", 3, "looping")
+    warn = LoopVerdict(Action.WARN, Reason.LOOP_DETECTED, "exact_repeat", 2, "looping")
+    for limits in cases:
+        for rank, above in enumerate((Action.CONTINUE, Action.WARN, Action.WRAP_UP)):
+            t[0] = 0.0
+            fused = Budget(limits, clock=lambda: t[0])
+            ref = Budget(limits, clock=lambda: t[0])
+            for i in range(12):
+                want = ref.decide_quick(phase=Phase.BEFORE_STEP, above=above)
+                recorded = fused.step_if_quiet(rank)
+                assert recorded == (want is None)
+                if not recorded:
+                    fused.record_step()
+                ref.record_step()
+                cost = 0.0011 * (i % 3) if i % 2 else None
+                q = fused.model_call_quick(90 + i, 7, 2, 10, cost, rank)
+                ref.record_model_call(
+                    input_tokens=90 + i,
+                    output_tokens=7,
+                    reasoning_tokens=2,
+                    cached_tokens=10,
+                    cost_usd=cost,
+                )
+                assert q == ref.decide_quick(phase=Phase.AFTER_MODEL_CALL, above=above)
+                loop = (None, warn, stop)[i % 3]
+                q = fused.tool_calls_quick(1 + i % 2, None, loop, rank)
+                ref.record_tool_calls(1, attempts=1 + i % 2)
+                want = ref.decide_quick(phase=Phase.AFTER_TOOL_BATCH, loop=loop, above=above)
+                assert q == want
+                assert fused.usage() == ref.usage()
+                t[0] += 0.7
+    b = Budget(Limits())
+    with pytest.raises(InvalidInput, match="input_tokens"):  # record_model_call's validation
+        b.model_call_quick(-1, 0, 0, 0, None)
+    assert b.usage() == Usage()
 
 
 def test_loop_settings_default_is_unchanged() -> None:
