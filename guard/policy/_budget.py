@@ -157,20 +157,27 @@ class Budget(HotPaths):
             cost = cost_usd
         else:
             cost = _money("cost_usd", cost_usd)
-        # Validated first, then applied to the whole chain under the one lock (hot path: plain
-        # field increments, no temporary Usage objects).
         with self._lock:
-            b: Budget | None = self
-            while b is not None:
-                u = b._usage
-                u.model_calls += 1
-                u.input_tokens += input_tokens
-                u.output_tokens += output_tokens
-                u.reasoning_tokens += reasoning_tokens
-                u.cached_tokens += cached_tokens
-                if cost is not None:
-                    u.cost_usd = (u.cost_usd or 0.0) + cost
-                b = b._parent
+            self._add_model_call_locked(
+                input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost
+            )
+
+    def _add_model_call_locked(
+        self, input_tokens: int, output_tokens: int, reasoning: int, cached: int, cost: float | None
+    ) -> None:
+        """Apply validated model-call usage to the whole chain (hot path: plain field
+        increments, no temporary Usage objects). Caller holds the lock."""
+        b: Budget | None = self
+        while b is not None:
+            u = b._usage
+            u.model_calls += 1
+            u.input_tokens += input_tokens
+            u.output_tokens += output_tokens
+            u.reasoning_tokens += reasoning
+            u.cached_tokens += cached
+            if cost is not None:
+                u.cost_usd = (u.cost_usd or 0.0) + cost
+            b = b._parent
 
     def record_tool_calls(
         self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None

@@ -137,17 +137,9 @@ class HotPaths:
             with self._lock:
                 return self._quick_locked(_AFTER_MODEL, None, rank)
         with self._lock:
-            b: Budget | None = self
-            while b is not None:
-                u = b._usage
-                u.model_calls += 1
-                u.input_tokens += input_tokens
-                u.output_tokens += output_tokens
-                u.reasoning_tokens += reasoning_tokens
-                u.cached_tokens += cached_tokens
-                if cost_usd is not None:
-                    u.cost_usd = (u.cost_usd or 0.0) + cost_usd
-                b = b._parent
+            self._add_model_call_locked(
+                input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
+            )
             if self._quiet_locked(rank):
                 return None
             return _decide(
