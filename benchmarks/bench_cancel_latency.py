@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,30 +25,13 @@ import threading
 import time
 from pathlib import Path
 
+from _net import free_port, wait_port  # benchmarks/ is on sys.path when run as a script
+
 POLICY = """
 runs:
   max_steps: 100
   loop: {window: 20, repeat_threshold: 3, no_progress_steps: 2}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"guard exited early ({proc.returncode})")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("guard did not listen")
 
 
 def _percentile(xs: list[float], q: float) -> float:
@@ -119,7 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "guard.yaml"
         cfg.write_text(POLICY)
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -138,7 +120,7 @@ def main() -> None:
             env={**os.environ, "OTEL_GUARD_DISABLED": "0"},
         )
         try:
-            _wait_port(port, proc)
+            wait_port(port, proc)
             result = run_bench(args.runs, f"127.0.0.1:{port}")
         finally:
             proc.terminate()
