@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 
-__all__ = ["free_port", "wait_port"]
+__all__ = ["free_port", "start_guard", "wait_port"]
 
 
 def free_port() -> int:
@@ -28,3 +29,30 @@ def wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> Non
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listening on {port} after {timeout_s:.0f} s")
+
+
+def start_guard(
+    config_path: str, *, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, int]:
+    """Start ``otel-guard serve`` (no store) on a free loopback port with this policy file and
+    wait until it listens. Returns the process and its port; the caller terminates it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "guard.cli",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--no-store",
+            "--config",
+            config_path,
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.DEVNULL,
+        env=env,
+    )
+    wait_port(port, proc)
+    return proc, port

@@ -18,14 +18,12 @@ import contextlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from _net import free_port, wait_port  # benchmarks/ is on sys.path when run as a script
+from _net import start_guard  # benchmarks/ is on sys.path when run as a script
 
 POLICY = """
 runs:
@@ -101,26 +99,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "guard.yaml"
         cfg.write_text(POLICY)
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "guard.cli",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--no-store",
-                "--config",
-                str(cfg),
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=subprocess.DEVNULL,
-            env={**os.environ, "OTEL_GUARD_DISABLED": "0"},
-        )
+        proc, port = start_guard(str(cfg), env={**os.environ, "OTEL_GUARD_DISABLED": "0"})
         try:
-            wait_port(port, proc)
             result = run_bench(args.runs, f"127.0.0.1:{port}")
         finally:
             proc.terminate()

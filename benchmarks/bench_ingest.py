@@ -31,7 +31,11 @@ import time
 from pathlib import Path
 
 import grpc
-from _net import free_port, wait_port  # benchmarks/ is on sys.path when run as a script
+from _net import (  # benchmarks/ is on sys.path when run as a script
+    free_port,
+    start_guard,
+    wait_port,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -277,25 +281,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             cfg = Path(tmp) / "guard.yaml"
             cfg.write_text(POLICY)
-            port = free_port()
-            guard = subprocess.Popen(
-                [
-                    py,
-                    "-m",
-                    "guard.cli",
-                    "serve",
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--no-store",
-                    "--config",
-                    str(cfg),
-                    "--log-level",
-                    "WARNING",
-                ],
-                stdout=subprocess.DEVNULL,
-            )
+            guard, port = start_guard(str(cfg))
             procs.append(guard)
-            wait_port(port, guard)
             results.append(
                 measure(
                     "guard",
