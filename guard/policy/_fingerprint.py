@@ -267,12 +267,15 @@ def hash64(hex_digest: str | None) -> int:
     if not hex_digest:
         return 0
     try:
-        return int(hex_digest[:16], 16) or 1
+        v = int(hex_digest[:16], 16)
     except ValueError:
-        # Not hex (a foreign or hand-made id from the wire): hash it rather than fail, so the
-        # detector still compares equal inputs as equal.
-        digest = hashlib.blake2b(hex_digest.encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big") or 1
+        v = -1
+    if v >= 0:  # int() also takes a sign ("-1"), which no 64-bit ring slot can hold
+        return v or 1
+    # Not hex (a foreign or hand-made id from the wire): hash it rather than fail, so the
+    # detector still compares equal inputs as equal.
+    digest = hashlib.blake2b(hex_digest.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") or 1
 
 
 _BLOCK = 64  # SHA-256 block size in bytes
@@ -284,6 +287,15 @@ try:  # the builtin implementation: its copy() is a plain struct copy
     from _sha256 import sha256 as _sha256
 except ImportError:  # pragma: no cover - builds without it
     _sha256 = hashlib.sha256
+try:  # optional native fast paths (_speedups.c); the Python code here is the reference
+    from guard.policy import _speedups as _NATIVE
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _NATIVE = None
+
+
+def native_available() -> bool:
+    """Whether fingerprints use the native fast paths (built when a C compiler was present)."""
+    return _NATIVE is not None
 
 
 class Fingerprinter:
@@ -294,7 +306,7 @@ class Fingerprinter:
     then only compare within the process, which is enough for local loop detection).
     """
 
-    __slots__ = ("_ignore", "_inner", "_outer", "_tools")
+    __slots__ = ("_ignore", "_ignore_ascii", "_inner", "_native", "_outer", "_tools")
 
     def __init__(
         self,
@@ -311,37 +323,55 @@ class Fingerprinter:
         # inner state of each domain already fed its "<domain>\0" prefix: a fingerprint then
         # costs two state copies and two small updates (hmac.HMAC.copy() and the one-shot
         # hmac.digest() are both slower here). Equal to hmac.new(raw, domain + b"\0" + payload,
-        # sha256) byte for byte; the tests check it.
+        # sha256) byte for byte; the tests check it. States are _sha256 objects, or the native
+        # module's opaque bytes when it is built (chosen once, per instance).
         if len(raw) > _BLOCK:
             raw = hashlib.sha256(raw).digest()
         raw = raw.ljust(_BLOCK, b"\0")
-        inner = _sha256(raw.translate(_IPAD))
-        self._outer = _sha256(raw.translate(_OPAD))
-        self._inner: dict[bytes, Any] = {}
-        for domain in _DOMAINS:
-            h = inner.copy()
-            h.update(domain + b"\x00")
-            self._inner[domain] = h
+        self._native = _NATIVE
+        inner = self._state(raw.translate(_IPAD))
+        self._outer = self._state(raw.translate(_OPAD))
+        self._inner: dict[bytes, Any] = {d: self._state(d + b"\x00", inner) for d in _DOMAINS}
         self._ignore = _ignore_set(ignore_fields)
+        # The native path compares normalised ASCII keys as bytes (a non-ASCII entry can
+        # never equal a normalised ASCII key).
+        self._ignore_ascii = tuple(f.encode() for f in self._ignore if f.isascii())
         self._tools: dict[str, Any] = {}
 
-    def _mac(self, domain: bytes, payload: str) -> str:
-        h = self._inner[domain].copy()  # domains are the four below
+    def _state(self, data: bytes, base: Any = None) -> Any:
+        """A hash state that has absorbed ``data`` (after ``base``'s input, when given)."""
+        if self._native is not None:
+            return self._native.state(data, base)
+        h = _sha256() if base is None else base.copy()
+        h.update(data)
+        return h
+
+    def _hmac(self, inner: Any, payload: str) -> str:
+        """The HMAC of ``payload`` (UTF-8) from a keyed inner state, as 32 hex chars."""
+        if self._native is not None:
+            return self._native.mac(inner, self._outer, payload)
+        h = inner.copy()
         h.update(payload.encode())
         o = self._outer.copy()
         o.update(h.digest())
         return o.hexdigest()[:32]
 
+    def _mac(self, domain: bytes, payload: str) -> str:
+        return self._hmac(self._inner[domain], payload)  # domains are the four above
+
     def action(self, tool: str, args: Any) -> str:
         """Fingerprint of one tool call: tool name plus canonical arguments."""
         inner = self._tools.get(tool)
         if inner is None:
-            # The inner HMAC state with "action\0<tool>\0" already fed, kept per tool name.
-            inner = self._inner[b"action"].copy()
-            inner.update((_norm(str(tool)) + "\x00").encode())
+            # The inner state with "action\0<tool>\0" already fed, kept per tool name.
+            inner = self._state((_norm(str(tool)) + "\x00").encode(), self._inner[b"action"])
             if len(self._tools) < 1024:  # tool names are few; bound it anyway
                 self._tools[tool] = inner
         ignore = self._ignore
+        if self._native is not None:  # the usual arguments, canonicalised and hashed natively
+            fp = self._native.action(inner, self._outer, args, self._ignore_ascii)
+            if fp is not None:
+                return fp
         try:
             if type(args) is dict:  # _canon()'s mapping branch, inline (the usual arguments)
                 out: dict[str, Any] = {}
@@ -360,14 +390,15 @@ class Fingerprinter:
                 canon = _dump(_canon(args, ignore))
         except RecursionError:
             canon = _canonical(args, ignore)  # raises the clear InvalidInput
-        h = inner.copy()
-        h.update(canon.encode())
-        o = self._outer.copy()
-        o.update(h.digest())
-        return o.hexdigest()[:32]
+        return self._hmac(inner, canon)
 
     def result(self, value: Any) -> str:
         """Fingerprint of a tool result (canonical, nothing ignored)."""
+        inner = self._inner[b"result"]
+        if self._native is not None:  # ints, None, bools and the usual strings
+            h = self._native.result(inner, self._outer, value)
+            if h is not None:
+                return h
         t = type(value)
         if t is int:
             canon = int.__repr__(value)  # what the JSON encoder writes
@@ -379,12 +410,7 @@ class Fingerprinter:
                 canon = _dump(_canon(value, _NOTHING))
             except RecursionError:
                 canon = _canonical(value, _NOTHING)  # raises the clear InvalidInput
-        # _mac(b"result", canon), inline (one per tool call)
-        h = self._inner[b"result"].copy()
-        h.update(canon.encode())
-        o = self._outer.copy()
-        o.update(h.digest())
-        return o.hexdigest()[:32]
+        return self._hmac(inner, canon)
 
     def state(self, facts: Iterable[Any]) -> str:
         """Order-insensitive fingerprint of a fact set (duplicates collapse)."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from struct import Struct
 
 from guard.errors import ConfigError
-from guard.policy._fingerprint import hash64
+from guard.policy._fingerprint import _NATIVE, hash64
 from guard.policy._types import Action, LoopSettings, Reason
 
 __all__ = ["LoopDetector", "LoopVerdict"]
@@ -61,7 +61,7 @@ _PRIORITY = {"exact_repeat": 0, "cycle": 1, "repeat_in_window": 2, "same_result"
 class LoopDetector:
     """Per-run loop and stagnation detector. Not thread-safe: one caller per run."""
 
-    __slots__ = ("_acts", "_n", "_res", "_stale", "_state", "hits", "settings")
+    __slots__ = ("_acts", "_n", "_native", "_res", "_stale", "_state", "hits", "settings")
 
     def __init__(self, settings: LoopSettings | None = None) -> None:
         self.settings = settings if settings is not None else LoopSettings()
@@ -76,6 +76,7 @@ class LoopDetector:
         self._state = 0
         self._stale = 0
         self.hits = 0
+        self._native = _NATIVE  # per instance, so tests can compare it with the reference
 
     def nbytes(self) -> int:
         """Approximate memory held by this detector (object plus both ring buffers)."""
@@ -92,36 +93,38 @@ class LoopDetector:
 
     def observe_action(self, action: str, result: str | None) -> LoopVerdict:
         """Record one tool call (in order) and judge the window including it."""
-        # hash64() inlined for the common case, a hex digest (one call per tool span ingested)
-        try:
-            a = int(action[:16], 16) or 1
-        except (TypeError, ValueError):
-            a = hash64(action) or 1
-        if not result:
-            r = 0
-        else:
-            try:
-                r = int(result[:16], 16) or 1
-            except (TypeError, ValueError):
-                r = hash64(result)
         settings = self.settings
         w = settings.window
         k = settings.repeat_threshold
         ring_a, ring_r = self._acts, self._res
         i = self._n % w
-        ring_a[i] = a
-        ring_r[i] = r
-        self._n += 1
-        # Fast path, two C-level scans: every pattern needs this action at least k-1 times in
-        # the window (repeats, cycles) or this result at least k+1 times (same_result). The
-        # scans search the rings' bytes (array.count boxes every element: 3x slower). A byte
-        # match may also start between two slots, but each such match hides at most one real
-        # one, so the byte count is never below the real count: the filter stays exact, and a
-        # spurious excess only sends the call to the full check below.
-        if ring_a.tobytes().count(_pack(a)) < k - 1 and (
-            not r or ring_r.tobytes().count(_pack(r)) < k + 1
-        ):
-            return _OK
+        # Every pattern needs this action at least k-1 times in the window (repeats, cycles)
+        # or this result at least k+1 times (same_result): below that, nothing can fire.
+        native = self._native
+        quiet = (
+            None
+            if native is None
+            else native.observe(ring_a, ring_r, i, action, result, k - 1, k + 1)
+        )
+        if quiet is not None:  # a canonical fingerprint: written and counted natively
+            self._n += 1
+            if quiet:
+                return _OK
+            a, r = ring_a[i], ring_r[i]
+        else:
+            a = hash64(action) or 1
+            r = hash64(result) if result else 0
+            ring_a[i] = a
+            ring_r[i] = r
+            self._n += 1
+            # Two C-level scans of the rings' bytes (array.count boxes every element: 3x
+            # slower). A byte match may also start between two slots, but each such match
+            # hides at most one real one, so the byte count is never below the real count:
+            # the filter stays exact, and a spurious excess only costs the full check below.
+            if ring_a.tobytes().count(_pack(a)) < k - 1 and (
+                not r or ring_r.tobytes().count(_pack(r)) < k + 1
+            ):
+                return _OK
         m = min(self._n, w)
         cut = self._n % w if self._n >= w else m
         # Newest first, by C-level slicing of the ring (oldest..newest, reversed).

@@ -198,6 +198,12 @@ def test_hash64() -> None:
 def test_hash64_accepts_non_hex_ids() -> None:
     assert hash64("bug in payment.py") == hash64("bug in payment.py") != 0
     assert hash64("not-hex-1") != hash64("not-hex-2")
+    # int() takes a sign; a negative value cannot go into a ring slot (it raised
+    # OverflowError from the detector, failing a whole OTLP batch on the guard).
+    assert 0 < hash64("-1") < 2**64 and hash64("-1") != hash64("1")
+    from guard.policy import LoopDetector
+
+    assert LoopDetector().observe_action("-1", "-ff").level.value == "continue"
 
 
 @pytest.mark.parametrize("key", [b"", "", 5, 1.5])

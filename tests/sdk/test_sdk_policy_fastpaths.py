@@ -60,8 +60,24 @@ GOLDEN_RESULTS = [
 ]
 
 
-def test_fingerprints_are_the_stored_ones() -> None:
-    fp = Fingerprinter(KEY)
+# Both implementations must produce these: the pure-Python reference and, when built, the
+# native fast paths (guard/policy/_speedups.c).
+IMPLS = ["python", "native"] if F.native_available() else ["python"]
+
+
+def make_fingerprinter(impl: str, key: bytes | str, **kw: object) -> Fingerprinter:
+    """A Fingerprinter on the given implementation (chosen once, at construction)."""
+    saved = F._NATIVE
+    F._NATIVE = saved if impl == "native" else None
+    try:
+        return Fingerprinter(key, **kw)  # type: ignore[arg-type]
+    finally:
+        F._NATIVE = saved
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fingerprints_are_the_stored_ones(impl: str) -> None:
+    fp = make_fingerprinter(impl, KEY)
     for (tool, args), want in GOLDEN_ACTIONS:
         assert fp.action(tool, args) == want, (tool, args)
     for value, want in GOLDEN_RESULTS:
@@ -76,11 +92,12 @@ def test_fingerprints_are_the_stored_ones() -> None:
     payload=st.text(max_size=300),
 )
 def test_precomputed_hmac_is_hmac_sha256(key: bytes | str, payload: str) -> None:
-    fp = Fingerprinter(key)
     raw = key.encode() if isinstance(key, str) else key
-    for domain in (b"action", b"result", b"state", b"text"):
-        want = hmac.new(raw, domain + b"\x00" + payload.encode(), hashlib.sha256).hexdigest()
-        assert fp._mac(domain, payload) == want[:32]
+    for impl in IMPLS:
+        fp = make_fingerprinter(impl, key)
+        for domain in (b"action", b"result", b"state", b"text"):
+            want = hmac.new(raw, domain + b"\x00" + payload.encode(), hashlib.sha256).hexdigest()
+            assert fp._mac(domain, payload) == want[:32], impl
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -98,12 +115,13 @@ def test_precomputed_hmac_is_hmac_sha256(key: bytes | str, payload: str) -> None
 )
 def test_action_and_result_fast_paths_are_hmac_of_canonicalize(args: object) -> None:
     """The inline dict / string / int branches of action() and result() hash exactly what
-    canonicalize() produces."""
-    fp = Fingerprinter(KEY, ignore_fields=("page",))
-    assert fp.action("t", args) == fp._mac(
-        b"action", "t\x00" + F.canonicalize(args, ignore_fields=("page",))
-    )
-    assert fp.result(args) == fp._mac(b"result", F.canonicalize(args))
+    canonicalize() produces, in both implementations."""
+    for impl in IMPLS:
+        fp = make_fingerprinter(impl, KEY, ignore_fields=("page",))
+        assert fp.action("t", args) == fp._mac(
+            b"action", "t\x00" + F.canonicalize(args, ignore_fields=("page",))
+        ), impl
+        assert fp.result(args) == fp._mac(b"result", F.canonicalize(args)), impl
 
 
 # -- reference copies of the string canonicalisation before its fast paths ----------------
