@@ -14,7 +14,11 @@ arguments are new in every round, so its canonicalisation cache is not flattered
 
     .venv/bin/python benchmarks/bench_sdk_overhead.py [--steps 2000] [--rounds 7]
 
-Prints JSON: us_per_step_guard, us_per_step_otel, ratio (goal <= 1.5).
+The headline runs the install as shipped: the native fast paths of guard/policy/_speedups.c
+when a C compiler built them (``native``). The same run also measures the pure-Python
+reference (``ratio_pure_python``), what an install without a compiler gets.
+
+Prints JSON: us_per_step_guard, us_per_step_otel, ratio (goal <= 1.5), ratio_pure_python.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import guard
-from guard.policy import DEFAULT_PRICE_BOOK
+from guard.policy import DEFAULT_PRICE_BOOK, _fingerprint, _loops
 from guard.sdk._config import reset
+
+_NATIVE_BUILT = _fingerprint._NATIVE  # the native fast paths, or None when not built
 
 
 class NullExporter(SpanExporter):
@@ -290,6 +296,31 @@ def policy_breakdown(n: int) -> dict[str, float]:
     return out
 
 
+def paired_rounds(tracer: trace.Tracer, steps: int, rounds: int, seed: int) -> dict[str, float]:
+    """Guarded, plain and idiomatic steps, alternating (load drift on the machine hits all
+    three); medians over the rounds. ``seed`` keeps every round's tool arguments new."""
+    g, p, ratios, idio = [], [], [], []
+    for r in range(rounds):
+        g.append(guarded_steps(steps, base=(seed + r) * steps) / steps * 1e6)
+        p.append(plain_steps(tracer, steps) / steps * 1e6)
+        idio.append(idiomatic_steps(tracer, steps) / steps * 1e6)
+        ratios.append(g[-1] / p[-1])
+    return {
+        "guard": statistics.median(g),
+        "otel": statistics.median(p),
+        "idiomatic": statistics.median(idio),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+    }
+
+
+def set_native(on: bool) -> None:
+    """Use the native fast paths (when built) or the pure-Python reference; takes effect for
+    the fingerprinters and detectors made afterwards (configure() makes new ones)."""
+    _fingerprint._NATIVE = _NATIVE_BUILT if on else None
+    _loops._NATIVE = _NATIVE_BUILT if on else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -301,34 +332,40 @@ def main(argv: list[str] | None = None) -> int:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("bench")
-    guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")
 
-    guarded_steps(200, base=-1000)  # warm-up both paths
-    plain_steps(tracer, 200)
-    g, p, ratios, idio = [], [], [], []
-    for r in range(args.rounds):  # paired rounds: load drift on the machine hits both sides
-        g.append(guarded_steps(args.steps, base=r * args.steps) / args.steps * 1e6)
-        p.append(plain_steps(tracer, args.steps) / args.steps * 1e6)
-        idio.append(idiomatic_steps(tracer, args.steps) / args.steps * 1e6)
-        ratios.append(g[-1] / p[-1])
-    us_guard, us_otel = statistics.median(g), statistics.median(p)
-    ratio = statistics.median(ratios)
+    def configure(native: bool) -> None:
+        set_native(native)
+        guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")
+        guarded_steps(200, base=-1000)  # warm-up both paths
+        plain_steps(tracer, 200)
+
+    # The install as shipped: native fast paths when a C compiler built them.
+    configure(native=True)
+    main_ = paired_rounds(tracer, args.steps, args.rounds, seed=0)
+    breakdown = policy_breakdown(args.steps)
+    # The pure-Python reference (an install without a C compiler), in the same run.
+    configure(native=False)
+    pure = paired_rounds(tracer, args.steps, args.rounds, seed=args.rounds)
+    set_native(True)
     result = {
         "benchmark": "sdk_overhead",
         "steps_per_round": args.steps,
         "rounds": args.rounds,
         "spans_per_step": 3,
-        "us_per_step_guard": round(us_guard, 2),
-        "us_per_step_otel": round(us_otel, 2),
-        "ratio": round(ratio, 3),
-        "ratio_min": round(min(ratios), 3),
+        "native": _NATIVE_BUILT is not None,
+        "us_per_step_guard": round(main_["guard"], 2),
+        "us_per_step_otel": round(main_["otel"], 2),
+        "ratio": round(main_["ratio"], 3),
+        "ratio_min": round(main_["ratio_min"], 3),
         # secondary reference: the same spans via start_as_current_span + set_attribute
-        "us_per_step_otel_idiomatic": round(statistics.median(idio), 2),
-        "ratio_vs_idiomatic": round(us_guard / statistics.median(idio), 3),
+        "us_per_step_otel_idiomatic": round(main_["idiomatic"], 2),
+        "ratio_vs_idiomatic": round(main_["guard"] / main_["idiomatic"], 3),
+        "us_per_step_guard_pure_python": round(pure["guard"], 2),
+        "ratio_pure_python": round(pure["ratio"], 3),
         "goal_ratio": 1.5,
         "same_spans": same,
-        "ok": ratio <= 1.5,
-        "policy_us_per_step": policy_breakdown(args.steps),
+        "ok": main_["ratio"] <= 1.5,
+        "policy_us_per_step": breakdown,
         "spans_exported": exporter.count,
         "python": sys.version.split()[0],
     }

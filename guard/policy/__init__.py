@@ -17,7 +17,7 @@ from guard.policy._config import (
     limits_to_dict,
 )
 from guard.policy._decide import SoftLevel, decide, utilisation
-from guard.policy._fingerprint import Fingerprinter, canonicalize, hash64
+from guard.policy._fingerprint import Fingerprinter, canonicalize, hash64, native_available
 from guard.policy._forecast import Forecast, Forecaster
 from guard.policy._loops import LoopDetector, LoopVerdict
 from guard.policy._parse import parse_limits
@@ -89,6 +89,7 @@ __all__ = [
     "decide",
     "hash64",
     "limits_to_dict",
+    "native_available",
     "parse_limits",
     "utilisation",
 ]

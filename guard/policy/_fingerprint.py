@@ -40,7 +40,14 @@ from typing import Any
 
 from guard.errors import InvalidInput
 
-__all__ = ["SHORT_MAX_CHARS", "SHORT_MAX_TOKENS", "Fingerprinter", "canonicalize", "hash64"]
+__all__ = [
+    "SHORT_MAX_CHARS",
+    "SHORT_MAX_TOKENS",
+    "Fingerprinter",
+    "canonicalize",
+    "hash64",
+    "native_available",
+]
 
 SHORT_MAX_CHARS = 64
 SHORT_MAX_TOKENS = 8

@@ -36,6 +36,7 @@ _OPERATION, _REQUEST_MODEL, _INPUT_TOKENS, _OUTPUT_TOKENS = (
 )
 _CACHE_READ, _REASONING_TOKENS = A.CACHE_READ, A.REASONING_TOKENS
 _STEP_SPAN, _RUN_ID, _TENANT, _STEP_INDEX = A.STEP_SPAN, A.RUN_ID, A.TENANT, A.STEP_INDEX
+_PROGRESS, _STATE_HASH, _ACTION_FP = A.PROGRESS, A.STATE_HASH, A.ACTION_FP
 _set_span_in_context, _attach, _detach = (
     trace.set_span_in_context,
     otel_context.attach,
@@ -113,20 +114,21 @@ class Step:
         span = self.span
         if run is None or span is None:
             return
+        progress, state, action = self._progress, self._state, self.action
         attrs: dict[str, Any] = {}
-        if self._progress is not None:
-            attrs[A.PROGRESS] = self._progress
-        if self._state is not None:
-            attrs[A.STATE_HASH] = self._state
-        if self.action is not None:
-            attrs[A.ACTION_FP] = self.action
+        if progress is not None:
+            attrs[_PROGRESS] = progress
+        if state is not None:
+            attrs[_STATE_HASH] = state
+        if action is not None:
+            attrs[_ACTION_FP] = action
         if et is not None:
             attrs[A.ERROR_TYPE] = et.__qualname__
             span.set_status(_ERROR)
         else:
             with run._lock:
                 verdict = run.detector.end_step(
-                    state=self._state, progress=self._progress, acted=self.tool_calls > 0
+                    state=state, progress=progress, acted=self.tool_calls > 0
                 )
             if verdict.level is not _CONTINUE:
                 run.after(Phase.AFTER_TOOL_BATCH, verdict)
