@@ -443,7 +443,7 @@ static Py_ssize_t count64(const char *ring, Py_ssize_t n, uint64_t x) {
  * fingerprint, for the reference to handle. */
 static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer va, vr;
-    Py_ssize_t slot, n;
+    Py_ssize_t slot, need_a, need_r, n;
     uint64_t a, r = 0;
     PyObject *result, *res = NULL;
     if (nargs != 7) {
@@ -455,7 +455,9 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (result != Py_None && !(PyUnicode_CheckExact(result) && PyUnicode_GET_LENGTH(result) == 0))
         if (!hex64(result, &r)) Py_RETURN_NONE;
     slot = PyLong_AsSsize_t(args[2]);
-    if (slot == -1 && PyErr_Occurred()) return NULL;
+    need_a = PyLong_AsSsize_t(args[5]);
+    need_r = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred()) return NULL; /* before anything is written */
     if (PyObject_GetBuffer(args[0], &va, PyBUF_WRITABLE) < 0) return NULL;
     if (PyObject_GetBuffer(args[1], &vr, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&va);
@@ -467,9 +469,8 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
     } else {
         memcpy((char *)va.buf + 8 * slot, &a, 8);
         memcpy((char *)vr.buf + 8 * slot, &r, 8);
-        res = PyBool_FromLong(count64(va.buf, n, a) < PyLong_AsSsize_t(args[5]) &&
-                              (!r || count64(vr.buf, n, r) < PyLong_AsSsize_t(args[6])));
-        if (PyErr_Occurred()) Py_CLEAR(res);
+        res = PyBool_FromLong(count64(va.buf, n, a) < need_a &&
+                              (!r || count64(vr.buf, n, r) < need_r));
     }
     PyBuffer_Release(&vr);
     PyBuffer_Release(&va);
