@@ -272,6 +272,20 @@ static int put_scalar(obuf *b, PyObject *v) {
     return 0;
 }
 
+/* The end of action() and result(): the HMAC of what was written (rc 1), None when the value
+ * was not the fast case (rc 0), or the pending error (rc -1). Frees the buffer. */
+static PyObject *finish_buffer(int rc, obuf *b, sha_ctx *inner, PyObject *outer_state) {
+    PyObject *res = NULL;
+    if (rc == 1) {
+        sha_update(inner, (const uint8_t *)b->p, b->n);
+        res = finish_hex(inner, outer_state);
+    } else if (rc == 0) {
+        res = Py_NewRef(Py_None);
+    }
+    ob_free(b);
+    return res;
+}
+
 #define MAX_KEYS 32
 
 typedef struct {
@@ -283,7 +297,7 @@ typedef struct {
  * inner: the tool's inner state ("action\0<tool>\0" fed); outer: the outer state; args: the
  * arguments; ignore: a tuple of normalised ASCII keys (bytes) to drop. None: not the fast case. */
 static PyObject *sp_action(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *d, *ignore, *k, *v, *res = NULL;
+    PyObject *d, *ignore, *k, *v;
     Py_ssize_t pos = 0, n = 0, i, j;
     entry e[MAX_KEYS], tmp;
     char keybuf[MAX_KEYS][64];
@@ -333,20 +347,12 @@ static PyObject *sp_action(PyObject *self, PyObject *const *args, Py_ssize_t nar
             rc = put_scalar(&b, e[i].value);
     }
     if (rc == 1 && ob_put(&b, "}", 1) < 0) rc = -1;
-    if (rc == 1) {
-        sha_update(&inner, (const uint8_t *)b.p, b.n);
-        res = finish_hex(&inner, args[1]);
-    } else if (rc == 0) {
-        res = Py_NewRef(Py_None);
-    }
-    ob_free(&b);
-    return res;
+    return finish_buffer(rc, &b, &inner, args[1]);
 }
 
 /* result(inner, outer, value) -> str | None: the result hash of an int, None, a bool or a
  * fast-case string (as Fingerprinter.result() writes them), else None. */
 static PyObject *sp_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *res = NULL;
     sha_ctx inner;
     obuf b;
     int rc;
@@ -357,14 +363,7 @@ static PyObject *sp_result(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (get_ctx(args[0], &inner) < 0) return NULL;
     ob_init(&b);
     rc = put_scalar(&b, args[2]);
-    if (rc == 1) {
-        sha_update(&inner, (const uint8_t *)b.p, b.n);
-        res = finish_hex(&inner, args[1]);
-    } else if (rc == 0) {
-        res = Py_NewRef(Py_None);
-    }
-    ob_free(&b);
-    return res;
+    return finish_buffer(rc, &b, &inner, args[1]);
 }
 
 /* mac(inner, outer, payload: str) -> str: HMAC of the UTF-8 payload, 32 hex chars. */
