@@ -21,7 +21,12 @@ ENV = {
     "disabled": "OTEL_GUARD_DISABLED",
     "span_export": "OTEL_GUARD_SPAN_EXPORT",
     "span_endpoint": "OTEL_GUARD_SPAN_ENDPOINT",
+    "tls": "OTEL_GUARD_TLS",
+    "tls_ca_file": "OTEL_GUARD_TLS_CA_FILE",
+    "tls_cert_file": "OTEL_GUARD_TLS_CERT_FILE",
+    "tls_key_file": "OTEL_GUARD_TLS_KEY_FILE",
 }
+_TLS_FILES = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 SPAN_EXPORT_MODES = ("direct", "none")
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -34,7 +39,14 @@ class Settings:
 
     Fields:
       endpoint: guard address ``host:port`` (``http://`` / ``https://`` prefixes accepted;
-        ``https`` or ``tls=True`` selects a TLS channel).
+        ``https``, ``tls=True`` or any ``tls_*_file`` selects TLS).
+      tls_ca_file: PEM bundle of the CA(s) that verify the guard's certificate, for a guard
+        with a private CA (default: the system roots).
+      tls_cert_file / tls_key_file: PEM client certificate and key, for a guard that requires
+        client certificates (``otel-guard serve --tls-client-ca``). Both or neither. The files
+        apply to the control stream and the SDK's own span export alike. The control stream
+        reads them again at every reconnect (rotated certificates take effect there); the
+        span exporter reads them when ``configure()`` builds it.
       token: bearer token for the guard (tenant-bound). Never exported on spans.
       tenant: default tenant of runs that do not name one.
       hmac_key: key of the argument/result fingerprints; ``None`` = random per process.
@@ -83,6 +95,9 @@ class Settings:
     reconnect_max_s: float = 5.0
     span_export: str = "direct"
     span_endpoint: str | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     @property
     def local_only(self) -> bool:
@@ -94,8 +109,17 @@ class Settings:
         return _target(self.endpoint)
 
     @property
+    def tls_files(self) -> bool:
+        """Whether any TLS file is configured (which implies TLS)."""
+        return any(getattr(self, name) is not None for name in _TLS_FILES)
+
+    @property
     def secure(self) -> bool:
-        return self.tls or bool(self.endpoint and self.endpoint.startswith("https://"))
+        return (
+            self.tls
+            or self.tls_files
+            or bool(self.endpoint and self.endpoint.startswith("https://"))
+        )
 
     @property
     def span_target(self) -> str | None:
@@ -107,7 +131,7 @@ class Settings:
     @property
     def span_secure(self) -> bool:
         ep = self.span_endpoint or self.endpoint
-        return self.tls or bool(ep and ep.startswith("https://"))
+        return self.tls or self.tls_files or bool(ep and ep.startswith("https://"))
 
 
 def _target(endpoint: str | None) -> str | None:
@@ -144,6 +168,24 @@ def _bool(path: str, value: Any) -> bool:
     raise ConfigError(f"expected a boolean (1/0/true/false), got {value!r}", path=path)
 
 
+def _pem_file(path: str, value: Any) -> str | None:
+    """A readable PEM file's path, checked now so a typo fails at configure(), not later in
+    a background reconnect loop."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ConfigError(f"expected a file path, got {value!r}", path=path)
+    name = os.fspath(value)
+    try:
+        with open(name, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {name!r}: {exc.strerror or exc}", path=path) from None
+    if b"-----BEGIN " not in head:
+        raise ConfigError(f"{name!r} is not a PEM file (no -----BEGIN line)", path=path)
+    return name
+
+
 def _validate(s: Settings) -> Settings:
     kw: dict[str, Any] = {}
     if s.endpoint is not None:
@@ -172,6 +214,13 @@ def _validate(s: Settings) -> Settings:
         kw["hmac_key"] = bytes(key)
     for name in ("disabled", "tls", "fail_closed"):
         kw[name] = _bool(name, getattr(s, name))
+    for name in _TLS_FILES:
+        kw[name] = _pem_file(name, getattr(s, name))
+    if (kw["tls_cert_file"] is None) != (kw["tls_key_file"] is None):
+        raise ConfigError(
+            "tls_cert_file and tls_key_file go together (a client certificate needs its key)",
+            path="tls_cert_file" if kw["tls_cert_file"] is None else "tls_key_file",
+        )
     for name in (
         "admit_timeout_ms",
         "heartbeat_interval_ms",

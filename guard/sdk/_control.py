@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from guard.policy import DecidedBy, Reason
+from guard.sdk._export import channel_credentials
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
 from guard.wire import limits_from_pb, limits_to_pb, outcome_to_pb, policy_from_pb, usage_to_pb
@@ -220,7 +221,8 @@ class ControlClient:
         assert target is not None
         opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
         if self.settings.secure:
-            return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=opts)
+            creds = channel_credentials(self.settings)  # read now: rotated files take effect
+            return grpc.aio.secure_channel(target, creds, options=opts)
         return grpc.aio.insecure_channel(target, options=opts)
 
     async def _session(self) -> bool:

@@ -15,12 +15,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import grpc
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-__all__ = ["LowLatencySpanProcessor", "make_otlp_exporter"]
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._config import Settings
+
+__all__ = ["LowLatencySpanProcessor", "channel_credentials", "make_otlp_exporter"]
 
 log = logging.getLogger("guard.sdk.export")
 
@@ -150,13 +154,40 @@ class LowLatencySpanProcessor(SpanProcessor):
             log.debug("otel-guard span export returned %s", result)
 
 
+def channel_credentials(settings: Settings) -> grpc.ChannelCredentials:
+    """TLS credentials for the connections to the guard: the CA bundle that verifies it
+    (system roots without one) and, for mTLS, the client certificate. The files are read on
+    every call: the control stream calls this at every (re)connect."""
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(settings.tls_ca_file),
+        private_key=read(settings.tls_key_file),
+        certificate_chain=read(settings.tls_cert_file),
+    )
+
+
 def make_otlp_exporter(
-    target: str, *, token: str | None, secure: bool, timeout_s: float
+    target: str,
+    *,
+    token: str | None,
+    credentials: grpc.ChannelCredentials | None,
+    timeout_s: float,
 ) -> SpanExporter:
-    """The real OTLP/gRPC span exporter pointed at the guard (bearer token in metadata)."""
+    """The real OTLP/gRPC span exporter pointed at the guard (bearer token in metadata);
+    ``credentials=None`` is a plaintext channel."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     headers = {"authorization": f"Bearer {token}"} if token else None
     return OTLPSpanExporter(
-        endpoint=target, insecure=not secure, headers=headers, timeout=timeout_s
+        endpoint=target,
+        insecure=credentials is None,
+        credentials=credentials,
+        headers=headers,
+        timeout=timeout_s,
     )

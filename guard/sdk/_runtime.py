@@ -81,14 +81,18 @@ class Runtime:
 
     def _attach_exporter(self, settings: Settings) -> None:
         """The SDK's own low-latency span export (``span_export="direct"``)."""
-        from guard.sdk._export import LowLatencySpanProcessor, make_otlp_exporter
+        from guard.sdk._export import (
+            LowLatencySpanProcessor,
+            channel_credentials,
+            make_otlp_exporter,
+        )
 
         assert settings.span_target is not None
         try:
             exporter = make_otlp_exporter(
                 settings.span_target,
                 token=settings.token,
-                secure=settings.span_secure,
+                credentials=channel_credentials(settings) if settings.span_secure else None,
                 timeout_s=settings.export_timeout_s,
             )
             self.processor = LowLatencySpanProcessor(
