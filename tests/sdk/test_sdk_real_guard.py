@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from _sdk_real_guard import guard_in_thread
 
 import guard
-from guard.policy import PolicyConfig
 from guard.testing import capture_spans
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
 
-server_mod = pytest.importorskip("guard.server")
+pytest.importorskip("guard.server")
 
 POLICY = {
     "runs": {"max_steps": 3},
@@ -27,24 +26,8 @@ POLICY = {
 
 @pytest.fixture
 def real_guard() -> Iterator[dict[str, Any]]:
-    """A real guard on its own event loop thread (the SDK's client has its own loop too)."""
-    box: dict[str, Any] = {"sink": server_mod.MemorySink()}
-    ready = threading.Event()
-
-    async def serve() -> None:
-        cfg = PolicyConfig.from_dict(POLICY)
-        async with server_mod.GuardServer(cfg, listen="127.0.0.1:0", sink=box["sink"]) as srv:
-            box["port"] = srv.port
-            ready.set()
-            while not box.get("stop"):
-                await asyncio.sleep(0.02)
-
-    th = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
-    th.start()
-    assert ready.wait(20)
-    yield box
-    box["stop"] = True
-    th.join(10)
+    with guard_in_thread(POLICY) as box:
+        yield box
 
 
 def _wait_runs(sink: Any, n: int) -> list[Any]:

@@ -6,21 +6,19 @@ server certificate for 127.0.0.1 and a client certificate, all signed by that CA
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _sdk_real_guard import guard_in_thread
 
 import guard
 from guard.errors import ConfigError
-from guard.policy import PolicyConfig
 from guard.sdk._config import Settings, _validate, reset
 from guard.sdk._runtime import get_runtime
 from guard.testing import capture_spans
@@ -56,26 +54,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture
 def mtls_guard(pki: dict[str, str]) -> Iterator[dict[str, Any]]:
     """A real guard on 127.0.0.1:0 that requires client certificates signed by the test CA."""
-    box: dict[str, Any] = {"sink": server_mod.MemorySink()}
-    ready = threading.Event()
     tls = server_mod.TlsFiles(cert=pki["guard.pem"], key=pki["guard.key"], client_ca=pki["ca.pem"])
-
-    async def serve() -> None:
-        cfg = PolicyConfig.from_dict({"runs": {"max_steps": 3}})
-        async with server_mod.GuardServer(
-            cfg, listen="127.0.0.1:0", sink=box["sink"], tls=tls
-        ) as srv:
-            box["port"] = srv.port
-            ready.set()
-            while not box.get("stop"):
-                await asyncio.sleep(0.02)
-
-    th = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
-    th.start()
-    assert ready.wait(20)
-    yield box
-    box["stop"] = True
-    th.join(10)
+    with guard_in_thread({"runs": {"max_steps": 3}}, tls=tls) as box:
+        yield box
 
 
 def _until(cond: Any, timeout_s: float = 10.0) -> bool:
