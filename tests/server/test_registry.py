@@ -178,3 +178,17 @@ def test_tool_calls_batched_per_request_still_count_and_stop_in_order():
     reg.ingest(decode_request(request(model_span("solo", solo), *tools, end)), ANONYMOUS)
     (outcome,) = [o for o in sink.runs if o.run_id == "solo"]
     assert (outcome.tool_calls, outcome.tool_attempts, outcome.model_calls) == (4, 4, 1)
+
+
+def test_a_signed_result_hash_is_counted_not_a_failed_batch():
+    """guard.result.hash is only compared, so any string may arrive. "-1" once parsed to a
+    negative ring value and raised OverflowError out of ingest, failing the whole request."""
+    reg, _, _, _ = _registry()
+    tid = trace_id_of(7)
+    fp = "7ce842609ec9c94124d9c36704e8ec53"
+    reg.ingest(decode_request(request(model_span("signed", tid))), ANONYMOUS)
+    for _ in range(2):
+        reg.ingest(decode_request(request(tool_span("signed", tid, fp, result="-1"))), ANONYMOUS)
+    run = reg.runs["signed"]
+    assert run.budget.usage().tool_calls == 2
+    assert run.loop.hits == 1  # the same call with the same (hashed) result: warned
