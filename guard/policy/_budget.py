@@ -19,7 +19,7 @@ from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy._decide import decide as _decide
 from guard.policy._decide import utilisation as _utilisation
 from guard.policy._hotpath import HotPaths
-from guard.policy._reservation import Reservation
+from guard.policy._reservation import Reservation, plain_counts, plain_money
 from guard.policy._reservation import check_count as _count
 from guard.policy._reservation import check_money as _money
 from guard.policy._types import Decision, Limits, Phase, Reason, Usage
@@ -137,23 +137,14 @@ class Budget(HotPaths):
         """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning."""
         # Hot path (every model span the guard ingests): plain non-negative ints pass on one
         # exact type test; anything else gets the full check (and its error message).
-        if not (
-            type(input_tokens) is int
-            and type(output_tokens) is int
-            and type(reasoning_tokens) is int
-            and type(cached_tokens) is int
-            and input_tokens >= 0
-            and output_tokens >= 0
-            and reasoning_tokens >= 0
-            and cached_tokens >= 0
-        ):
+        if not plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens):
             _count("input_tokens", input_tokens)
             _count("output_tokens", output_tokens)
             _count("reasoning_tokens", reasoning_tokens)
             _count("cached_tokens", cached_tokens)
         if cost_usd is None:
             cost = None
-        elif type(cost_usd) is float and 0.0 <= cost_usd < math.inf:
+        elif plain_money(cost_usd):
             cost = cost_usd
         else:
             cost = _money("cost_usd", cost_usd)

@@ -10,13 +10,13 @@ when nothing stronger than what the run was already told can fire. Kept apart fr
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from guard.policy._decide import _NEVER
 from guard.policy._decide import _RANK as _ACTION_RANK
 from guard.policy._decide import _triggers as _trigger_points
 from guard.policy._decide import decide as _decide
+from guard.policy._reservation import plain_counts, plain_money
 from guard.policy._types import Action, Decision, Phase
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,15 +117,8 @@ class HotPaths:
     ) -> Decision | None:
         """``record_model_call(...)`` then ``decide_quick(AFTER_MODEL_CALL)``, atomically."""
         if not (
-            type(input_tokens) is int
-            and type(output_tokens) is int
-            and type(reasoning_tokens) is int
-            and type(cached_tokens) is int
-            and input_tokens >= 0
-            and output_tokens >= 0
-            and reasoning_tokens >= 0
-            and cached_tokens >= 0
-            and (cost_usd is None or (type(cost_usd) is float and 0.0 <= cost_usd < math.inf))
+            plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
+            and (cost_usd is None or plain_money(cost_usd))
         ):
             self.record_model_call(  # validates (raises) and records
                 input_tokens=input_tokens,

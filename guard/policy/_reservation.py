@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from guard.errors import InvalidInput
 from guard.policy._types import Usage
@@ -18,6 +18,26 @@ def check_count(name: str, v: object) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise InvalidInput(f"{name} must be an int >= 0, got {v!r}")
     return v
+
+
+def plain_counts(a: Any, b: Any, c: Any, d: Any) -> bool:
+    """Four exact non-negative ints: the hot paths' one-look test (anything else gets
+    :func:`check_count` and its error message)."""
+    return (
+        type(a) is int
+        and type(b) is int
+        and type(c) is int
+        and type(d) is int
+        and a >= 0
+        and b >= 0
+        and c >= 0
+        and d >= 0
+    )
+
+
+def plain_money(v: Any) -> bool:
+    """An exact finite float >= 0 (else :func:`check_money` decides)."""
+    return type(v) is float and 0.0 <= v < math.inf
 
 
 def check_money(name: str, v: object) -> float:
