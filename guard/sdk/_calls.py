@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "MISSING",
     "current_batch",
+    "emit_call_span",
     "provider_for",
     "record_tool_call",
     "reserve_tool",
@@ -68,6 +69,28 @@ def _provider(model: str) -> str | None:
     if len(_provider_cache) < 4096:  # bounded: model names come from code, not users
         _provider_cache[model] = found
     return found
+
+
+def emit_call_span(
+    tracer: Any,
+    name: str,
+    parent_ctx: Any,
+    kind: SpanKind,
+    attrs: dict[str, Any],
+    started_at: float | None,
+    error: BaseException | None,
+) -> None:
+    """One finished model or tool call as a span (``started_at``: Unix seconds, else now)."""
+    span = tracer.start_span(
+        name,
+        context=parent_ctx,
+        kind=kind,
+        attributes=attrs,
+        start_time=None if started_at is None else int(started_at * 1e9),
+    )
+    if error is not None:
+        span.set_status(_ERROR)
+    span.end()
 
 
 def reserve_tool(run: Run) -> Reservation | None:
@@ -174,16 +197,9 @@ def record_tool_call(
     if error is not None:
         attrs[A.ERROR_TYPE] = type(error).__qualname__
         tag(error, "tool")
-    span = run.rt.tracer.start_span(
-        f"execute_tool {name}",
-        context=parent_ctx,
-        kind=_INTERNAL,
-        attributes=attrs,
-        start_time=None if started_at is None else int(started_at * 1e9),
+    emit_call_span(
+        run.rt.tracer, f"execute_tool {name}", parent_ctx, _INTERNAL, attrs, started_at, error
     )
-    if error is not None:
-        span.set_status(_ERROR)
-    span.end()
     if in_batch:
         batch.note_verdict(verdict)
     elif quick:

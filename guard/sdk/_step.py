@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from guard.policy import Action, Phase
 from guard.sdk import _spans as A
-from guard.sdk._calls import MISSING, _provider_cache, record_tool_call
+from guard.sdk._calls import _ERROR, MISSING, _provider_cache, emit_call_span, record_tool_call
 from guard.sdk._calls import provider_for as _provider_for
 from guard.sdk._outcome import tag
 from guard.sdk._run import _current as _current_run
@@ -24,7 +24,6 @@ __all__ = ["Step", "current_step", "step"]
 _current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "guard_step", default=None
 )
-_ERROR = Status(StatusCode.ERROR)
 # Hot path (every step): module-level names instead of attribute lookups.
 _BEFORE_STEP, _AFTER_MODEL, _CONTINUE = Phase.BEFORE_STEP, Phase.AFTER_MODEL_CALL, Action.CONTINUE
 _CLIENT = SpanKind.CLIENT
@@ -230,16 +229,9 @@ class Step:
         else:
             attrs[A.ERROR_TYPE] = type(error).__qualname__
             tag(error, "model")
-        span = rt.tracer.start_span(
-            f"{operation} {model}",
-            context=parent_ctx,
-            kind=_CLIENT,
-            attributes=attrs,
-            start_time=None if started_at is None else int(started_at * 1e9),
+        emit_call_span(
+            rt.tracer, f"{operation} {model}", parent_ctx, _CLIENT, attrs, started_at, error
         )
-        if error is not None:
-            span.set_status(_ERROR)
-        span.end()
         if d is not None and d.action is not _CONTINUE:
             run.apply(d, raise_now=False)
         if run.parent is not None:

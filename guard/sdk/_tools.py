@@ -20,6 +20,7 @@ __all__ = ["ToolBatch", "admit_tools", "run_tools", "tool"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PASS_THROUGH = (RunStopped, asyncio.CancelledError, KeyboardInterrupt, SystemExit)
+_RECORDED = (*_PASS_THROUGH, Exception)  # what a tool call's record notes as its error
 
 
 def _call_args(sig: inspect.Signature | None, args: tuple, kwargs: dict) -> Any:
@@ -62,22 +63,16 @@ def tool(fn: Any = None, *, name: str | None = None, retries: int = 0) -> Any:
             run = current_run_or_none()
             if run is None:
                 return await fn(*args, **kwargs)
-            slot = reserve_tool(run)
-            started, attempts = time.time(), 0
+            call = _ToolCall(run, tool_name, sig, args, kwargs, retries)
             while True:
-                attempts += 1
+                call.attempts += 1
                 try:
                     value = await fn(*args, **kwargs)
-                except _PASS_THROUGH as exc:
-                    _record(run, tool_name, sig, args, kwargs, attempts, started, slot, exc=exc)
-                    raise
-                except Exception as exc:
-                    if attempts <= retries and not run.cancelled:
+                except _RECORDED as exc:
+                    if call.retry(exc):
                         continue
-                    _record(run, tool_name, sig, args, kwargs, attempts, started, slot, exc=exc)
                     raise
-                _record(run, tool_name, sig, args, kwargs, attempts, started, slot, value=value)
-                return value
+                return call.done(value)
 
         return awrapper
 
@@ -86,60 +81,76 @@ def tool(fn: Any = None, *, name: str | None = None, retries: int = 0) -> Any:
         run = current_run_or_none()
         if run is None:
             return fn(*args, **kwargs)
-        slot = reserve_tool(run)
-        started, attempts = time.time(), 0
+        call = _ToolCall(run, tool_name, sig, args, kwargs, retries)
         while True:
-            attempts += 1
+            call.attempts += 1
             try:
                 value = fn(*args, **kwargs)
-            except _PASS_THROUGH as exc:
-                _record(run, tool_name, sig, args, kwargs, attempts, started, slot, exc=exc)
-                raise
-            except Exception as exc:
-                if attempts <= retries and not run.cancelled:
+            except _RECORDED as exc:
+                if call.retry(exc):
                     continue
-                _record(run, tool_name, sig, args, kwargs, attempts, started, slot, exc=exc)
                 raise
-            _record(run, tool_name, sig, args, kwargs, attempts, started, slot, value=value)
-            return value
+            return call.done(value)
 
     return wrapper
 
 
-_NO_VALUE = object()
+class _ToolCall:
+    """One call of a ``@guard.tool`` function: admitted when made (refuse new work), then
+    recorded exactly once, however it ends."""
 
+    __slots__ = ("args", "attempts", "kwargs", "name", "retries", "run", "sig", "slot", "started")
 
-def _record(
-    run: Run,
-    name: str,
-    sig: inspect.Signature | None,
-    args: tuple,
-    kwargs: dict,
-    attempts: int,
-    started: float,
-    slot: Any,
-    *,
-    value: Any = _NO_VALUE,
-    exc: BaseException | None = None,
-) -> None:
-    step = current_step()
-    if step is not None and step.run is not run:
-        step = None
-    parent_ctx = step._ctx if step is not None else run.ctx
-    if step is not None:
-        step.tool_calls += 1
-    record_tool_call(
-        run,
-        parent_ctx,
-        step,
-        name,
-        _call_args(sig, args, kwargs),
-        result=MISSING if value is _NO_VALUE else value,
-        attempts=attempts,
-        error=exc,
-        started_at=started,
-        reservation=slot,
-    )
+    def __init__(
+        self,
+        run: Run,
+        name: str,
+        sig: inspect.Signature | None,
+        args: tuple,
+        kwargs: dict,
+        retries: int,
+    ) -> None:
+        self.slot = reserve_tool(run)  # raises RunStopped before the tool runs
+        self.run, self.name, self.sig, self.args, self.kwargs = run, name, sig, args, kwargs
+        self.retries = retries
+        self.started = time.time()
+        self.attempts = 0
+
+    def retry(self, exc: BaseException) -> bool:
+        """After a failed attempt: ``True`` to try again; otherwise the failure is recorded
+        and the caller re-raises. Stops and cancellations are never retried."""
+        if (
+            not isinstance(exc, _PASS_THROUGH)
+            and self.attempts <= self.retries
+            and not self.run.cancelled
+        ):
+            return True
+        self._record(MISSING, exc)
+        return False
+
+    def done(self, value: Any) -> Any:
+        self._record(value, None)
+        return value
+
+    def _record(self, value: Any, exc: BaseException | None) -> None:
+        run = self.run
+        step = current_step()
+        if step is not None and step.run is not run:
+            step = None
+        if step is not None:
+            step.tool_calls += 1
+        record_tool_call(
+            run,
+            step._ctx if step is not None else run.ctx,
+            step,
+            self.name,
+            _call_args(self.sig, self.args, self.kwargs),
+            result=value,
+            attempts=self.attempts,
+            error=exc,
+            started_at=self.started,
+            reservation=self.slot,
+        )
 
 
 # ------------------------------------------------------------------------------- batches

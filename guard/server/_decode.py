@@ -227,6 +227,12 @@ class Decoded:
         self.errors: list[str] = []  # first few reasons, with the numbers
         self.spans = 0  # spans seen in total
 
+    def reject(self, span_name: str, reason: object) -> None:
+        """Count a refused span; the first few reasons are kept for the response."""
+        self.rejected += 1
+        if len(self.errors) < 5:
+            self.errors.append(f"span {span_name[:64]!r}: {reason}")
+
 
 class _Bad(Exception):
     pass
@@ -374,9 +380,7 @@ def decode_spans(spans: Sequence, out: Decoded | None = None) -> Decoded:
                 continue  # no attribute we care about: not ours, not GenAI
             o = _observe(span, o)
         except _Bad as exc:
-            out.rejected += 1
-            if len(out.errors) < 5:
-                out.errors.append(f"span {span.name[:64]!r}: {exc}")
+            out.reject(span.name, exc)
             continue
         if o is not None:
             append(o)

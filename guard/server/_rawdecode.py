@@ -369,9 +369,7 @@ def decode_lite_spans(spans: Sequence[Any], out: Decoded) -> Decoded:
             for raw in span.attributes:  # the rest of the span must still be well-formed
                 if memo(raw) is None:
                     _validate(raw)
-            out.rejected += 1
-            if len(out.errors) < 5:
-                out.errors.append(f"span {span.name[:64]!r}: {exc}")
+            out.reject(span.name, exc)
             continue
         if o is not None:
             append(o)
