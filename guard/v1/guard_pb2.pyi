@@ -125,7 +125,7 @@ class Hello(_message.Message):
     def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ...) -> None: ...
 
 class RunStarted(_message.Message):
-    __slots__ = ("run_id", "trace_id", "parent_run_id", "tenant", "agent", "requested", "started_at_unix", "usage", "request_id")
+    __slots__ = ("run_id", "trace_id", "parent_run_id", "tenant", "agent", "requested", "started_at_unix", "usage", "request_id", "span_seq")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class RunStarted(_message.Message):
     STARTED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_SEQ_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     parent_run_id: str
@@ -144,7 +145,8 @@ class RunStarted(_message.Message):
     started_at_unix: float
     usage: Usage
     request_id: int
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., requested: _Optional[_Union[Limits, _Mapping]] = ..., started_at_unix: _Optional[float] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+    span_seq: int
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., requested: _Optional[_Union[Limits, _Mapping]] = ..., started_at_unix: _Optional[float] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., request_id: _Optional[int] = ..., span_seq: _Optional[int] = ...) -> None: ...
 
 class RunProgress(_message.Message):
     __slots__ = ("run_id", "usage", "paused")
@@ -168,6 +170,20 @@ class RunEnded(_message.Message):
     outcome: Outcome
     def __init__(self, outcome: _Optional[_Union[Outcome, _Mapping]] = ...) -> None: ...
 
+class AllowanceRequest(_message.Message):
+    __slots__ = ("run_id", "request_id", "cost_usd", "tokens", "usage")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    request_id: int
+    cost_usd: float
+    tokens: int
+    usage: Usage
+    def __init__(self, run_id: _Optional[str] = ..., request_id: _Optional[int] = ..., cost_usd: _Optional[float] = ..., tokens: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
 class Ack(_message.Message):
     __slots__ = ("command_id", "run_id", "applied")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
@@ -179,18 +195,20 @@ class Ack(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., run_id: _Optional[str] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "run_started", "heartbeat", "run_ended", "ack")
+    __slots__ = ("hello", "run_started", "heartbeat", "run_ended", "ack", "allowance_request")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RUN_STARTED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    ALLOWANCE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     run_started: RunStarted
     heartbeat: Heartbeat
     run_ended: RunEnded
     ack: Ack
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    allowance_request: AllowanceRequest
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., allowance_request: _Optional[_Union[AllowanceRequest, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("guard_id", "session_id", "heartbeat_interval_ms", "agent_grace_s", "policy")
@@ -269,8 +287,32 @@ class ModelPrice(_message.Message):
     cached_input: float
     def __init__(self, input: _Optional[float] = ..., output: _Optional[float] = ..., cached_input: _Optional[float] = ...) -> None: ...
 
+class RecordAck(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class Allowance(_message.Message):
+    __slots__ = ("run_id", "request_id", "max_cost_usd", "max_tokens", "ttl_s", "exhausted", "detail")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_COST_USD_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    request_id: int
+    max_cost_usd: float
+    max_tokens: int
+    ttl_s: float
+    exhausted: bool
+    detail: str
+    def __init__(self, run_id: _Optional[str] = ..., request_id: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., max_tokens: _Optional[int] = ..., ttl_s: _Optional[float] = ..., exhausted: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class GuardMessage(_message.Message):
-    __slots__ = ("command_id", "sent_at_unix", "welcome", "admit", "deny", "warn", "wrap_up", "cancel", "policy")
+    __slots__ = ("command_id", "sent_at_unix", "welcome", "admit", "deny", "warn", "wrap_up", "cancel", "policy", "record_ack", "allowance")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +322,8 @@ class GuardMessage(_message.Message):
     WRAP_UP_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ACK_FIELD_NUMBER: _ClassVar[int]
+    ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     sent_at_unix: float
     welcome: Welcome
@@ -289,7 +333,9 @@ class GuardMessage(_message.Message):
     wrap_up: Directive
     cancel: Directive
     policy: Policy
-    def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
+    record_ack: RecordAck
+    allowance: Allowance
+    def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., record_ack: _Optional[_Union[RecordAck, _Mapping]] = ..., allowance: _Optional[_Union[Allowance, _Mapping]] = ...) -> None: ...
 
 class Selector(_message.Message):
     __slots__ = ("run_id", "tenant", "agent", "all")
@@ -460,3 +506,22 @@ class ReportResponse(_message.Message):
     rows: _containers.RepeatedCompositeFieldContainer[DistributionRow]
     series: _containers.RepeatedCompositeFieldContainer[SeriesPoint]
     def __init__(self, rows: _Optional[_Iterable[_Union[DistributionRow, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("guard_id", "figures")
+    class FiguresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    GUARD_ID_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    guard_id: str
+    figures: _containers.ScalarMap[str, float]
+    def __init__(self, guard_id: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ...) -> None: ...

@@ -138,6 +138,11 @@ class GuardAdminStub:
                 request_serializer=guard_dot_v1_dot_guard__pb2.ReportRequest.SerializeToString,
                 response_deserializer=guard_dot_v1_dot_guard__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/guard.v1.GuardAdmin/Stats',
+                request_serializer=guard_dot_v1_dot_guard__pb2.StatsRequest.SerializeToString,
+                response_deserializer=guard_dot_v1_dot_guard__pb2.StatsResponse.FromString,
+                _registered_method=True)
 
 
 class GuardAdminServicer:
@@ -172,6 +177,13 @@ class GuardAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stats(self, request, context):
+        """The guard's own figures (counters, event-loop lag, store queue): admin token only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GuardAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -194,6 +206,11 @@ def add_GuardAdminServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=guard_dot_v1_dot_guard__pb2.ReportRequest.FromString,
                     response_serializer=guard_dot_v1_dot_guard__pb2.ReportResponse.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=guard_dot_v1_dot_guard__pb2.StatsRequest.FromString,
+                    response_serializer=guard_dot_v1_dot_guard__pb2.StatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +324,33 @@ class GuardAdmin:
             '/guard.v1.GuardAdmin/Report',
             guard_dot_v1_dot_guard__pb2.ReportRequest.SerializeToString,
             guard_dot_v1_dot_guard__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/guard.v1.GuardAdmin/Stats',
+            guard_dot_v1_dot_guard__pb2.StatsRequest.SerializeToString,
+            guard_dot_v1_dot_guard__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
