@@ -22,6 +22,7 @@ from guard.sdk._config import Settings, get_settings
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
     from guard.sdk._export import LowLatencySpanProcessor
+    from guard.sdk._redact import RedactingSpanExporter
 
 __all__ = ["Runtime", "get_runtime", "reset_runtime", "stats"]
 
@@ -53,6 +54,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
         self.processor: LowLatencySpanProcessor | None = None
+        self.redactor: RedactingSpanExporter | None = None
         self.control: ControlClient | None = None
         if settings.span_target is not None:
             self._attach_exporter(settings)
@@ -86,6 +88,7 @@ class Runtime:
             channel_credentials,
             make_otlp_exporter,
         )
+        from guard.sdk._redact import RedactingSpanExporter
 
         assert settings.span_target is not None
         try:
@@ -95,8 +98,11 @@ class Runtime:
                 credentials=channel_credentials(settings) if settings.span_secure else None,
                 timeout_s=settings.export_timeout_s,
             )
+            # No content leaves the process on the way to the guard, whoever put it on a
+            # span; the application's own processors on this provider see the spans as is.
+            self.redactor = RedactingSpanExporter(exporter)
             self.processor = LowLatencySpanProcessor(
-                exporter,
+                self.redactor,
                 max_delay_ms=settings.export_max_delay_ms,
                 max_batch=settings.export_max_batch,
                 queue_size=settings.export_queue_size,
@@ -234,7 +240,8 @@ def reset_runtime(old: Settings | None = None) -> None:
 
 
 def stats() -> dict[str, int]:
-    """Counters of the guard connection: spans exported / failed / dropped, stream events."""
+    """Counters of the guard connection: spans exported / failed / dropped, content removed
+    from them on the way to the guard (spans, attributes, events), stream events."""
     rt = _runtime
     out: dict[str, int] = {}
     if rt is None:
@@ -246,6 +253,13 @@ def stats() -> dict[str, int]:
             spans_failed=p.failed,
             spans_dropped=p.dropped,
             export_batches=p.batches,
+        )
+    r = rt.redactor
+    if r is not None:
+        out.update(
+            redacted_spans=r.redacted_spans,
+            redacted_attributes=r.redacted_attributes,
+            redacted_events=r.redacted_events,
         )
     if rt.control is not None:
         out.update({f"control_{k}": v for k, v in rt.control.counters.items()})

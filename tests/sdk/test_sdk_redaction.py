@@ -74,3 +74,77 @@ def test_fingerprints_ignore_key_order_but_change_with_the_hmac_key() -> None:
     assert a == b  # key order and the ignored pagination field do not matter
     assert a != c  # another deployment key: unrelated hashes
     assert a[:32] != d[:32]
+
+
+def test_redact_span_copies_without_content_and_leaves_the_original(sink: SpanSink) -> None:
+    from guard.sdk._redact import Redaction, redact_span
+
+    tracer = sink.provider.get_tracer("openinference")
+    with (
+        pytest.raises(ValueError),
+        tracer.start_as_current_span(
+            "ChatCompletion",
+            attributes={
+                "llm.token_count.prompt": 12,
+                "llm.model_name": "gpt-4.1",
+                "input.value": "CANARY-ARG-7f3a",
+                "llm.output_messages.0.message.content": "CANARY-RESULT-91c2",
+            },
+        ) as s,
+    ):
+        s.add_event("gen_ai.choice", {"message": "CANARY-RESULT-91c2"})
+        s.add_event("retry", {"attempt": 2, "tool_call.function.arguments": "CANARY-ARG-7f3a"})
+        raise ValueError("CANARY-ERR-0b1e")
+    (span,) = sink.spans
+    before = span.to_json()
+    counts = Redaction()
+    out = redact_span(span, counts)
+    assert span.to_json() == before  # the application's span is untouched
+    assert "CANARY" in before and "CANARY" not in out.to_json()
+    assert dict(out.attributes) == {"llm.token_count.prompt": 12, "llm.model_name": "gpt-4.1"}
+    assert [(e.name, dict(e.attributes)) for e in out.events] == [
+        ("retry", {"attempt": 2}),
+        ("exception", {"exception.type": "ValueError", "exception.escaped": "False"}),
+    ]
+    assert out.status.status_code == span.status.status_code and out.status.description is None
+    assert (out.context, out.parent, out.name, out.end_time) == (
+        span.context,
+        span.parent,
+        span.name,
+        span.end_time,
+    )
+    # 2 span attributes, 1 retry attribute, exception message + stack trace, status text
+    assert (counts.attributes, counts.events) == (6, 1)
+
+
+def test_our_own_spans_pass_through_uncopied(sink: SpanSink) -> None:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from guard.sdk._redact import RedactingSpanExporter
+
+    @guard.tool
+    def lookup(city: str) -> str:
+        return "CANARY-RESULT-91c2"
+
+    @guard.run(agent="bot")
+    def f() -> None:
+        guard.current_run().pause("CANARY-PAUSE-aa11")
+        guard.current_run().resume()
+        with guard.step() as step:
+            step.model_call(model="gpt-4.1", input_tokens=10, output_tokens=2)
+            lookup("杭州天气-CANARY")
+
+    f()
+    spans = sink.spans
+    assert len(spans) >= 4
+
+    class Keep(SpanExporter):
+        def export(self, batch):  # type: ignore[no-untyped-def]
+            self.batch = batch
+            return SpanExportResult.SUCCESS
+
+    inner = Keep()
+    red = RedactingSpanExporter(inner)
+    assert red.export(spans) is SpanExportResult.SUCCESS
+    assert inner.batch is spans  # nothing to drop: the very same batch, no copy
+    assert (red.redacted_spans, red.redacted_attributes, red.redacted_events) == (0, 0, 0)
