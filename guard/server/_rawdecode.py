@@ -36,6 +36,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from guard.errors import InvalidInput
+from guard.semconv import is_content_attribute
 from guard.server._decode import (
     _ACTION_FP,
     _BOOL,
@@ -210,6 +211,12 @@ def _unknown_key(raw: bytes) -> bool:
     return (tag == 0x18 or tag == 0x10) and length < 0x80 and q + 2 == size
 
 
+def _content_key(raw: bytes) -> bool:
+    """True when the (valid) KeyValue ``raw`` has a content key (``guard.semconv``). Parsed,
+    not sliced: the key protobuf reads is the last key field. Only on a memo miss."""
+    return is_content_attribute(common_pb2.KeyValue.FromString(raw).key)
+
+
 def _read(raw: bytes) -> tuple[int, Any]:
     """(slot, value) of one serialized KeyValue, or _SKIP. Raises ``_Bad`` like the reference
     path. Remembers the answer in ``_MEMO`` unless it is per-call (see ``_UNIQUE``)."""
@@ -280,6 +287,8 @@ def _read(raw: bytes) -> tuple[int, Any]:
         ref = _kv_slot(_validate(raw))
         out = _SKIP if ref is None else ref
     if out[0] not in _UNIQUE and len(raw) <= _MEMO_RAW_MAX:
+        if out is _SKIP and _content_key(raw):
+            return out  # content is never kept, not even as a cache key (DESIGN §3.3)
         if len(_MEMO) >= _MEMO_MAX:
             _MEMO.clear()
         _MEMO[raw] = out
