@@ -39,9 +39,7 @@ def _content_spans() -> list:
     )
     refused = span("openai.chat", TRACE, {"input.value": SECRET})
     refused.attributes.append(attr("gen_ai.usage.input_tokens", -5))
-    foreign = span(
-        "ChatCompletion", TRACE, {"llm.token_count.prompt": 7, "output.value": SECRET}
-    )
+    foreign = span("ChatCompletion", TRACE, {"llm.token_count.prompt": 7, "output.value": SECRET})
     return [span("guard.step", TRACE, run), listed, foreign, refused]
 
 
