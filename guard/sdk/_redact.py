@@ -151,6 +151,13 @@ class RedactingSpanExporter(SpanExporter):
             self.redacted_events += counts.events
         return self.exporter.export(spans if out is None else out)
 
+    def counters(self) -> dict[str, int]:
+        return {
+            "redacted_spans": self.redacted_spans,
+            "redacted_attributes": self.redacted_attributes,
+            "redacted_events": self.redacted_events,
+        }
+
     def shutdown(self) -> None:
         self.exporter.shutdown()
 

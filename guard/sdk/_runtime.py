@@ -254,13 +254,8 @@ def stats() -> dict[str, int]:
             spans_dropped=p.dropped,
             export_batches=p.batches,
         )
-    r = rt.redactor
-    if r is not None:
-        out.update(
-            redacted_spans=r.redacted_spans,
-            redacted_attributes=r.redacted_attributes,
-            redacted_events=r.redacted_events,
-        )
+    if rt.redactor is not None:
+        out.update(rt.redactor.counters())
     if rt.control is not None:
         out.update({f"control_{k}": v for k, v in rt.control.counters.items()})
         out["control_connected"] = int(rt.control.connected.is_set())
