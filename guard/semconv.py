@@ -135,6 +135,13 @@ CONTENT_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "pydantic_ai.tool.deferral.metadata",
         "logfire.msg",  # a formatted message may interpolate arguments
     ),
+    # Google ADK's own tracing (google.adk.telemetry): request/response JSON on its spans
+    "google-adk": (
+        "gcp.vertex.agent.llm_request",
+        "gcp.vertex.agent.llm_response",
+        "gcp.vertex.agent.tool_call_args",
+        "gcp.vertex.agent.tool_response",
+    ),
     # error text (OpenTelemetry exception events): may quote arguments or results
     "exception": (
         "exception.message",

@@ -49,6 +49,9 @@ CONTENT = [
     "final_result",
     "tool_arguments",
     "tool_response",
+    # Google ADK
+    "gcp.vertex.agent.llm_request",
+    "gcp.vertex.agent.tool_call_args",
     # error text
     "exception.message",
     "exception.stacktrace",

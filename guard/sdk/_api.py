@@ -103,7 +103,7 @@ def shutdown() -> None:
 
 
 def stats() -> dict[str, int]:
-    """Export and control-stream counters (errors are counted here, never raised)."""
+    """Export, redaction and control-stream counters (errors are counted here, never raised)."""
     from guard.sdk._runtime import stats as _stats
 
     return _stats()

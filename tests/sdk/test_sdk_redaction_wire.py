@@ -296,10 +296,20 @@ def test_no_content_reaches_the_guard_its_logs_or_its_store(
             return "done"
 
         assert agent() == "done"
+
+        @guard.run(agent="weather")
+        def broken() -> None:  # its RunEnded on the control stream says why, not the text
+            raise ValueError(M["error"])
+
+        with pytest.raises(ValueError):
+            broken()
         stats = guard.stats()
         guard.shutdown()
         wire = proxy.all_bytes()
         otlp = b"".join(proxy.bodies("TraceService/Export"))
+        control = proxy.bodies("GuardControl/Attach")
+
+    assert len(control) >= 5  # hello, two RunStarted and two RunEnded went through it too
 
     # the guard received the spans and their counters, and counted each model call once
     assert box["counted"] == box["tokens"]
