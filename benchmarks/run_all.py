@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "ingest": ("bench_ingest.py", [], ["--requests", "40"]),
     "cancel_latency": ("bench_cancel_latency.py", [], ["--runs", "30"]),
     "sdk_overhead": ("bench_sdk_overhead.py", [], ["--steps", "300", "--rounds", "3"]),
+    "redaction": ("bench_redaction.py", [], ["--steps", "300", "--rounds", "3"]),
     "memory": ("bench_memory.py", [], ["--runs", "1000"]),
     "store": ("bench_store.py", [], ["--runs", "20000", "--seed-runs", "50000", "--repeat", "3"]),
     "loop_corpus": ("loop_corpus.py", [], []),
