@@ -93,6 +93,14 @@ class FlakyClient:
         self._check()
         return self.inner.query(*a, **kw)
 
+    def raw_query(self, *a: Any, **kw: Any) -> Any:
+        self._check()
+        return self.inner.raw_query(*a, **kw)
+
+    def command(self, *a: Any, **kw: Any) -> Any:
+        self._check()
+        return self.inner.command(*a, **kw)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -14,7 +14,7 @@ from guard.store import open_store, parse_dsn
 from guard.store._dsn import connect
 from guard.store._schema import MIGRATIONS, migrate
 
-TABLES = ("decisions", "runs", "schema_migrations", "stop_reasons_1m", "stop_reasons_1m_mv")
+TABLES = ("dead_letter", "decisions", "runs", "schema_migrations", "stop_reasons_1m", "stop_reasons_1m_mv")
 
 
 def _schema(store) -> list[tuple]:
@@ -51,7 +51,7 @@ def test_migrations_twice_without_effect(tmp_path: Path) -> None:
 def test_fresh_database_applies_every_version(tmp_path: Path) -> None:
     client = connect(parse_dsn(f"chdb://{tmp_path}/ch?database=og_test", data_dir=tmp_path))
     try:
-        assert migrate(client, "og_test", retention_days=None) == [1, 2, 3]
+        assert migrate(client, "og_test", retention_days=None) == [1, 2, 3, 4]
         assert migrate(client, "og_test", retention_days=None) == []
     finally:
         client.close()
