@@ -56,6 +56,10 @@ class RunIdFilter:
         steps = np.arange(self._K, dtype=np.uint64)
         return (a[:, None] + steps[None, :] * b[:, None]) & np.uint64(mask)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(bits.nbytes for bits, _, _ in self._layers)
+
     def add(self, keys: list[str]) -> None:
         if not keys:
             return
@@ -98,6 +102,10 @@ class CommittedRuns:
     def loaded(self) -> bool:
         return self._filter is not None
 
+    @property
+    def filter_bytes(self) -> int:
+        return 0 if self._filter is None else self._filter.nbytes
+
     def load(self, client: Any) -> int:
         """Build the filter from every run id in ClickHouse (once per process). Returns the count."""
         if self._filter is not None:
@@ -105,12 +113,11 @@ class CommittedRuns:
         n = int(client.command(f"SELECT count() FROM {self._db}.runs"))
         f = RunIdFilter(max(1 << 20, 2 * n))
         if n:
-            # hex() so that any byte in a run id survives the text format unescaped
-            raw = client.raw_query(f"SELECT hex(run_id) FROM {self._db}.runs", fmt="TabSeparated")
-            ids = [bytes.fromhex(x).decode("utf-8", "replace") for x in raw.decode().split()]
-            for i in range(0, len(ids), 200_000):
-                f.add(ids[i : i + 200_000])
-        f.add([""])  # hex('') is an empty line that split() drops: always ask about ''
+            # Arrow: exact strings, no text escaping, ~3x faster than parsing a text format
+            column = client.query_arrow(f"SELECT run_id FROM {self._db}.runs").column(0)
+            for i in range(0, len(column), 200_000):
+                ids = column.slice(i, 200_000).to_pylist()
+                f.add([x if type(x) is str else bytes(x).decode("utf-8", "replace") for x in ids])
         self._filter = f
         return n
 

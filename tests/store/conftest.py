@@ -97,6 +97,10 @@ class FlakyClient:
         self._check()
         return self.inner.raw_query(*a, **kw)
 
+    def query_arrow(self, *a: Any, **kw: Any) -> Any:
+        self._check()
+        return self.inner.query_arrow(*a, **kw)
+
     def command(self, *a: Any, **kw: Any) -> Any:
         self._check()
         return self.inner.command(*a, **kw)
