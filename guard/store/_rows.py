@@ -28,7 +28,7 @@ encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _UINT32 = 2**32 - 1
 _UINT64 = 2**64 - 1
 _MAX_TS = 10_413_791_999.999  # 2299-12-31 23:59:59.999 UTC, the top of DateTime64(3)
-_MAX_RAW = 64 * 1024  # bytes of a quarantined record's text kept in dead_letter
+_MAX_RAW = 1 << 20  # chars of a quarantined record's text kept in dead_letter
 
 
 def _u(value: Any, top: int = _UINT32) -> int:

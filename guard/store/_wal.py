@@ -299,7 +299,7 @@ def _read_lines(path: Path) -> Iterator[Record | dict[str, Any]]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()

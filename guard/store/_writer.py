@@ -244,6 +244,10 @@ class Writer(threading.Thread):
 
     def _quarantine(self, kind: str, token: str, bad: list[tuple[str, str]], n: int) -> None:
         table = _TABLES[kind][0]
+        refused = bad
+        if kind != "x":  # raises when ClickHouse is down: the batch is retried, same tokens
+            rows = [dead_letter_row(table, token, err, row) for row, err in bad]
+            refused = bisect_insert(lambda tok, p: self.insert("x", tok, p), f"{token}-dl", rows)
         self._c["dead_lettered"] += len(bad)
         log.error(
             "store: ClickHouse refused %d of %d %s rows of batch %s as bad data; quarantined "
@@ -255,19 +259,17 @@ class Writer(threading.Thread):
             self._db,
             bad[0][1][:500],
         )
-        if kind != "x":
-            rows = [dead_letter_row(table, token, err, row) for row, err in bad]
-            bad = bisect_insert(lambda tok, part: self.insert("x", tok, part), f"{token}-dl", rows)
-        if bad:  # the dead-letter row itself was refused: keep it on disk, never lose it
-            path = self._spool.path.parent / "dead_letter.log"
-            with open(path, "ab") as f:
-                for row, err in bad:
-                    f.write((json.dumps([table, token, err, row]) + "\n").encode())
-                f.flush()
-                os.fsync(f.fileno())
-            log.error(
-                "store: %d dead-letter rows refused by ClickHouse; kept in %s", len(bad), path
-            )
+        if refused:  # the dead-letter row itself was refused: keep it on disk, never lose it
+            self._to_file(table, token, refused)
+
+    def _to_file(self, table: str, token: str, bad: list[tuple[str, str]]) -> None:
+        path = self._spool.path.parent / "dead_letter.log"
+        with open(path, "ab") as f:
+            for row, err in bad:
+                f.write((json.dumps([table, token, err, row]) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        log.error("store: %d dead-letter records kept in %s", len(bad), path)
 
     def _to_spool(self, kind: str, token: str, rows: list[str]) -> None:
         try:
@@ -302,8 +304,9 @@ class Writer(threading.Thread):
     def _replay_one(self, kind: str, token: str, n: int, blob: str) -> None:
         try:
             rows, keys = split_rows(blob)
-        except ValueError as ex:  # a corrupt line: keep its text, never retry it forever
-            self._quarantine(kind, token, [(blob, f"unreadable spooled batch: {ex}")], n)
+        except ValueError as ex:  # a corrupt line: keep its whole text, never retry it forever
+            self._c["dead_lettered"] += n
+            self._to_file(_TABLES[kind][0], token, [(blob, f"unreadable spooled batch: {ex}")])
             return
         if kind == "r":
             token, excluded = self._replay_decision(token, keys)
