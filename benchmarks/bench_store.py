@@ -1,9 +1,12 @@
 """Store benchmark: run records/s into the embedded ClickHouse, and report/dashboard query p95.
 
 Prints one JSON object. Goals (DESIGN §5): >= 50k run records/s through ``Store.write_run``
-(WAL append + batching + deduplicated inserts, measured until everything is committed),
-next to the floor of a bare clickhouse-connect insert of the same rows; and the p95 of the
-report and dashboard-style queries over 1M seeded runs.
+(WAL append + batching + the exactly-once check + deduplicated inserts, measured until
+everything is committed), next to the floor of a bare clickhouse-connect insert of the same
+rows; the cost of the exactly-once check per 10k-record batch with 1M runs already stored
+(``dedup``: the committed-run-id filter plus the ClickHouse lookup of what it cannot rule
+out, next to asking ClickHouse about every id); and the p95 of the report and
+dashboard-style queries over 1M seeded runs.
 
     python benchmarks/bench_store.py [--runs 200000] [--seed-runs 1000000] [--repeat 20]
 """
@@ -18,10 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from guard.policy._types import REASON_STATUS, DecidedBy, Outcome, Reason
 from guard.store import open_store
+from guard.store._dedup import CommittedRuns
 from guard.store._rows import encode_row, run_row
 from guard.store._schema import RUN_COLUMNS
 
@@ -193,6 +198,55 @@ def bench_queries(data_dir: Path, seed: int, repeat: int) -> dict:
     return out
 
 
+def bench_dedup(data_dir: Path, seed: int, batches: int = 10, batch: int = 10_000) -> dict:
+    """The exactly-once check's cost per batch with ``seed`` runs already stored (uuid-like
+    ids, as the SDK makes them: every lookup touches every granule)."""
+    with open_store(None, data_dir=data_dir / "dedup") as store:
+        client = store._writer.client
+        client.command(
+            SEED_SQL.replace(
+                "concat('seed-', toString(number))", "lower(hex(MD5(toString(number))))"
+            ).format(n=seed)
+        )
+        committed = CommittedRuns("otel_guard")
+        t0 = time.perf_counter()
+        loaded = committed.load(client)
+        load_s = time.perf_counter() - t0
+        stored = [r[0] for r in store.query("SELECT run_id FROM otel_guard.runs LIMIT 1000")]
+        fresh_ms, repeat_ms, ch_only_ms, positives = [], [], [], 0
+        for b in range(batches):
+            ids = [uuid.uuid4().hex for _ in range(batch)]
+            before = committed.lookups
+            t = time.perf_counter()
+            assert committed.present(client, ids) == set()
+            fresh_ms.append((time.perf_counter() - t) * 1000)
+            positives += committed.lookups - before
+            committed.add(ids)
+            repeats = [uuid.uuid4().hex for _ in range(batch - 100)] + stored[
+                b * 100 : b * 100 + 100
+            ]
+            t = time.perf_counter()
+            assert len(committed.present(client, repeats)) == 100
+            repeat_ms.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()  # the naive alternative: ask ClickHouse about every id
+            for i in range(0, batch, 1000):
+                client.query(
+                    "SELECT DISTINCT run_id FROM otel_guard.runs WHERE run_id IN {ids:Array(String)}",
+                    parameters={"ids": ids[i : i + 1000]},
+                )
+            ch_only_ms.append((time.perf_counter() - t) * 1000)
+    return {
+        "stored_runs": loaded,
+        "batch_rows": batch,
+        "filter_load_s": round(load_s, 2),
+        "filter_bytes": committed.filter_bytes,
+        "check_fresh_batch_ms_median": round(statistics.median(fresh_ms), 2),
+        "check_batch_with_100_repeats_ms_median": round(statistics.median(repeat_ms), 2),
+        "clickhouse_lookup_queries_per_fresh_batch": round(positives / batches, 2),
+        "clickhouse_only_check_ms_median": round(statistics.median(ch_only_ms), 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200_000)
@@ -200,6 +254,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--batch-rows", type=int, default=10_000, help="the writer's batch size")
     ap.add_argument("--skip-queries", action="store_true")
+    ap.add_argument("--skip-dedup", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         result = {
@@ -208,6 +263,8 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "ingest": bench_ingest(Path(tmp), args.runs, args.batch_rows),
         }
+        if not args.skip_dedup:
+            result["dedup"] = bench_dedup(Path(tmp), args.seed_runs)
         if not args.skip_queries:
             result["queries"] = bench_queries(Path(tmp), args.seed_runs, args.repeat)
     result["ingest_goal_met"] = result["ingest"]["records_per_s"] >= 50_000

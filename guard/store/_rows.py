@@ -6,6 +6,9 @@ parses it natively and the writer never re-encodes a row in Python. Timestamps a
 Unix seconds with millisecond precision (JSON numbers into DateTime64(3) are read as
 seconds). Sanitising here matters: one negative counter would make ClickHouse
 reject a whole batch, so counters are clamped to >= 0 and non-finite floats become NULL.
+A timestamp past what ``DateTime64(3)`` holds (year 2299) is not clamped: it is not true
+data, so ``run_row``/``decision_row`` raise ``ValueError`` and the store quarantines the
+record in ``dead_letter`` (``dead_letter_row``) instead of inventing a time.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from typing import Any
 from guard.policy._types import Outcome
 from guard.store._records import DecisionRecord
 
-__all__ = ["decision_row", "encode_row", "run_row"]
+__all__ = ["dead_letter_row", "decision_row", "encode_row", "run_row"]
 
 encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 _UINT32 = 2**32 - 1
 _UINT64 = 2**64 - 1
+_MAX_TS = 10_413_791_999.999  # 2299-12-31 23:59:59.999 UTC, the top of DateTime64(3)
+_MAX_RAW = 1 << 20  # chars of a quarantined record's text kept in dead_letter
 
 
 def _u(value: Any, top: int = _UINT32) -> int:
@@ -50,6 +55,8 @@ def _f(value: Any) -> float | None:
 
 def _ts(unix_s: Any) -> float:
     x = _f(unix_s)
+    if x is not None and x > _MAX_TS:
+        raise ValueError(f"timestamp {x!r} is past year 2299 (max {_MAX_TS})")
     return 0.0 if x is None or x < 0 else round(x, 3)
 
 
@@ -123,3 +130,17 @@ def decision_row(r: DecisionRecord) -> list[Any]:
         _f(r.delivery_latency_ms),
         _s(r.guard_id),
     ]
+
+
+def dead_letter_row(table: str, token: str, error: str, raw: str, now: float | None = None) -> str:
+    """One encoded ``dead_letter`` row (``DEAD_LETTER_COLUMNS``): the raw record text, bounded."""
+    if len(raw) > _MAX_RAW:
+        raw = raw[:_MAX_RAW] + f"... ({len(raw)} chars)"
+    return encode_row(
+        [round(time.time() if now is None else now, 3), table, token, _one_line(error), raw]
+    )
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -13,7 +13,14 @@ from typing import Any
 
 from guard.errors import ConfigError
 
-__all__ = ["DECISION_COLUMNS", "DEDUP_WINDOW", "MIGRATIONS", "RUN_COLUMNS", "migrate"]
+__all__ = [
+    "DEAD_LETTER_COLUMNS",
+    "DECISION_COLUMNS",
+    "DEDUP_WINDOW",
+    "MIGRATIONS",
+    "RUN_COLUMNS",
+    "migrate",
+]
 
 # How many recent insert blocks each table remembers for insert_deduplication_token. Plain
 # (non-replicated) MergeTree deduplicates only when this is > 0 (the default is 0). The MV
@@ -33,6 +40,8 @@ DECISION_COLUMNS: tuple[str, ...] = (
     "decided_at", "run_id", "tenant", "agent", "action", "reason", "detail", "utilisation",
     "metric", "command_id", "decided_by", "delivery_latency_ms", "guard_id",
 )  # fmt: skip
+
+DEAD_LETTER_COLUMNS: tuple[str, ...] = ("dead_at", "table", "token", "error", "row")
 
 _DEDUP = f"non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
@@ -146,11 +155,29 @@ FROM {{db}}.runs
 GROUP BY minute, tenant, agent, status, reason
 """
 
+# Records ClickHouse refused as bad data (or that could not be turned into a row at all):
+# the raw row text, the table it was meant for, the batch token and the error. Kept out of
+# `runs` so that one bad record never blocks the ones behind it (see README.md).
+_DEAD_LETTER = """
+CREATE TABLE IF NOT EXISTS {db}.dead_letter (
+    dead_at DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
+    `table` LowCardinality(String),
+    token   String CODEC(ZSTD(1)),
+    error   String CODEC(ZSTD(3)),
+    row     String CODEC(ZSTD(3))
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(dead_at)
+ORDER BY (`table`, dead_at)
+SETTINGS {dedup}, ttl_only_drop_parts = 1
+"""
+
 # (version, name, statements). Append only: never edit an applied migration.
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "runs", (_RUNS,)),
     (2, "decisions", (_DECISIONS,)),
     (3, "stop_reasons_1m", (_STOP_REASONS, _STOP_REASONS_MV)),
+    (4, "dead_letter", (_DEAD_LETTER,)),
 )
 
 # The column each table's retention TTL counts from.
@@ -158,11 +185,17 @@ _TTL_COLUMNS = {
     "runs": "toDateTime(ended_at)",
     "decisions": "toDateTime(decided_at)",
     "stop_reasons_1m": "minute",
+    "dead_letter": "toDateTime(dead_at)",
 }
 
 
-def migrate(client: Any, database: str, *, retention_days: int | None) -> list[int]:
-    """Apply pending migrations and reconcile the retention TTL. Returns versions applied now."""
+def migrate(
+    client: Any, database: str, *, retention_days: int | None, upto: int | None = None
+) -> list[int]:
+    """Apply pending migrations and reconcile the retention TTL. Returns versions applied now.
+
+    ``upto`` stops after that version (tests build a store of an older schema with it).
+    """
     if retention_days is not None and (int(retention_days) != retention_days or retention_days < 1):
         raise ConfigError(
             f"must be a whole number of days >= 1, got {retention_days}",
@@ -180,7 +213,7 @@ def migrate(client: Any, database: str, *, retention_days: int | None) -> list[i
     }
     applied: list[int] = []
     for version, name, statements in MIGRATIONS:
-        if version in done:
+        if version in done or (upto is not None and version > upto):
             continue
         for sql in statements:
             client.command(sql.format(db=database, dedup=_DEDUP))

@@ -19,7 +19,7 @@ from guard.policy._types import Outcome
 from guard.store._dsn import Dsn, connect, parse_dsn
 from guard.store._records import DecisionRecord
 from guard.store._reporting import Report, query_report
-from guard.store._rows import decision_row, encode_row, run_row
+from guard.store._rows import dead_letter_row, decision_row, encode_row, run_row
 from guard.store._schema import migrate
 from guard.store._wal import Spool, Wal
 from guard.store._writer import Writer
@@ -28,7 +28,9 @@ __all__ = ["Store", "open_store", "read_report"]
 
 log = logging.getLogger("guard.store")
 
-_COUNTERS = ("queued", "written", "spooled", "replayed", "dropped", "rejected", "deduplicated")
+_COUNTERS = (
+    "queued", "written", "spooled", "replayed", "dropped", "dead_lettered", "deduplicated",
+)  # fmt: skip
 
 
 def open_store(
@@ -168,22 +170,27 @@ class Store:
     def _recover(self) -> None:
         # Move a previous process's uncommitted WAL records into the spool, in order; the
         # writer replays them (with their original tokens where a batch had been formed).
+        # A final runs batch ("R") is re-sent exactly as it went out (same rows, same token);
+        # every other runs batch is checked against ClickHouse before its replay.
         pending, loose, old_epoch = self._wal.recover()
         epoch = f"{old_epoch}-rec"
         n = 0
-        for kind, token, rows in pending:
-            if kind == "r":  # one row per run id, as the writer would have sent it
-                rows = _first_per_run(rows)
-            self._spool.append(kind, token, rows)
-            n += len(rows)
-        for kind in ("r", "d"):
+        for kind, token, rows, excluded, final in pending:
+            if kind == "r":  # exactly the rows the writer sent: first per run, minus excluded
+                rows = _first_per_run(rows, excluded)
+                kind = "R" if final else "r"
+            if rows:
+                self._spool.append(kind, token, rows)
+                n += len(rows)
+        for kind in ("r", "d", "x"):
             recs = [(s, row) for s, k, row in loose if k == kind]
             for i in range(0, len(recs), 10_000):
                 chunk = recs[i : i + 10_000]
-                self._spool.append(
-                    kind, f"{epoch}-{kind}-{chunk[0][0]}-{chunk[-1][0]}", [r for _, r in chunk]
-                )
-                n += len(chunk)
+                rows = [r for _, r in chunk]
+                if kind == "r":
+                    rows = _first_per_run(rows, set())
+                self._spool.append(kind, f"{epoch}-{kind}-{chunk[0][0]}-{chunk[-1][0]}", rows)
+                n += len(rows)
         self._wal.drop_old()
         if n:
             self._counters["spooled"] += n
@@ -192,21 +199,53 @@ class Store:
     # -- RecordSink -----------------------------------------------------------------------
 
     def write_run(self, outcome: Outcome) -> None:
-        """Queue one ``runs`` row. Durable (WAL) on return; never blocks on ClickHouse."""
+        """Queue one ``runs`` row. Durable (WAL) on return; never blocks on ClickHouse.
+
+        A record that cannot become a row (e.g. a timestamp past year 2299) is not dropped:
+        it goes to ``dead_letter`` with its raw text and the reason.
+        """
         try:
             row = run_row(outcome)
-            self._accept("r", encode_row(row), row[0])
-        except Exception:  # the contract: never raise into the guard
-            log.exception("store: write_run failed for %r", getattr(outcome, "run_id", "?"))
+            line = encode_row(row)
+        except Exception as ex:  # the contract: never raise into the guard
+            self._dead_letter("runs", outcome, ex)
+            return
+        self._accept("r", line, row[0])
 
     def write_decision(self, record: DecisionRecord) -> None:
         """Queue one ``decisions`` row. Same guarantees as :meth:`write_run`."""
         try:
-            self._accept("d", encode_row(decision_row(record)), "")
-        except Exception:
-            log.exception("store: write_decision failed for %r", getattr(record, "run_id", "?"))
+            line = encode_row(decision_row(record))
+        except Exception as ex:
+            self._dead_letter("decisions", record, ex)
+            return
+        self._accept("d", line, "")
+
+    def _dead_letter(self, table: str, record: object, ex: Exception) -> None:
+        run_id = getattr(record, "run_id", "?")
+        error = f"{type(ex).__name__}: {ex}"
+        log.error(
+            "store: %s record for run %.80r is not storable (%s); quarantined in %s.dead_letter",
+            table,
+            run_id,
+            " ".join(error.split())[:300],
+            self.database,
+        )
+        try:
+            raw = repr(record)
+        except Exception:  # a repr that raises must not lose the record's existence
+            raw = f"<unprintable {type(record).__name__} run_id={run_id!r}>"
+        with self._lock:
+            self._counters["dead_lettered"] += 1
+        self._accept("x", dead_letter_row(table, "", error, raw), "")
 
     def _accept(self, kind: str, row: str, key: str) -> None:
+        try:
+            self._accept_locked(kind, row, key)
+        except Exception:  # the contract: never raise into the guard
+            log.exception("store: accepting a %s record failed", kind)
+
+    def _accept_locked(self, kind: str, row: str, key: str) -> None:
         with self._lock:
             if self._closed:
                 self._counters["dropped"] += 1
@@ -238,7 +277,7 @@ class Store:
     # -- control --------------------------------------------------------------------------
 
     def counters(self) -> dict[str, int]:
-        """queued, written, spooled, replayed, dropped (+ rejected, deduplicated, pending)."""
+        """queued, written, spooled, replayed, dropped, dead_lettered, deduplicated, pending."""
         with self._lock:
             out = dict(self._counters)
             out["pending"] = len(self._q)
@@ -341,8 +380,8 @@ class Store:
             return self._read_client.query(sql, parameters=parameters).result_rows
 
 
-def _first_per_run(rows: list[str]) -> list[str]:
-    seen: set[str] = set()
+def _first_per_run(rows: list[str], excluded: set[str]) -> list[str]:
+    seen: set[str] = set(excluded)
     kept = []
     for row in rows:
         run_id = json.loads(row)[0]

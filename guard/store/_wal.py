@@ -5,7 +5,12 @@
 process. Lines::
 
     {seq}\t{kind}\t{row JSON}       a record (kind "r" = runs, "d" = decisions)
-    {"b": [kind, lo, hi, token]}     batch marker: records lo..hi of kind go out with token
+    {"b": [kind, lo, hi, token, excluded, final]}
+                                     batch marker: records lo..hi of kind go out with token,
+                                     minus the run ids in ``excluded`` (already claimed or
+                                     committed) and repeats within the batch (first wins);
+                                     ``final``: ClickHouse was checked for these ids right
+                                     before the insert, so a replay sends exactly this again
     {"d": hi}                        every batch up to seq hi is committed (ClickHouse or spool)
 
 JSON escapes tabs and newlines inside strings, so neither appears raw in a row. The writer
@@ -13,14 +18,17 @@ fsyncs the WAL once per batch (before inserting), so power loss can cost at most
 interval of acknowledged records; a process crash costs nothing. Segments rotate at
 ``segment_bytes`` and are deleted once fully committed. On open, leftovers of a previous
 process move to the spool: batches with a marker keep their token (a batch that did reach
-ClickHouse before the crash is then dropped by insert deduplication), unmarked records get
-new batches.
+ClickHouse before the crash is then dropped by insert deduplication, and a view that missed
+it is completed), unmarked records get new batches that are checked against ClickHouse
+before they are replayed.
 
 **Spool** (``spool.log`` + ``spool.cursor``): one fsynced line ``{kind}\t{token}\t{rows}\t
 {row JSON, space-separated}`` per batch that could not be inserted. Replayed strictly in order
 with its original token; the cursor (byte offset) advances after each committed batch; the
-file is truncated when drained. Batches ClickHouse refuses as bad data go to
-``rejected.log`` in the same format.
+file is truncated when drained. Kind ``R`` is a runs batch whose content and token are final
+(see the marker); kind ``r`` is checked against ClickHouse before its replay, and that
+decision is written to ``spool.inflight`` first, so a crash during the replay repeats the
+same insert (same token, same rows) instead of deciding again.
 None of these classes lock: the store serialises WAL calls under its own lock.
 """
 
@@ -40,6 +48,7 @@ log = logging.getLogger("guard.store")
 _DUMPS = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 Record = tuple[int, str, str]  # (seq, kind, row JSON)
+Pending = tuple[str, str, list[str], set[str], bool]  # (kind, token, rows, excluded, final)
 
 
 class Wal:
@@ -61,15 +70,16 @@ class Wal:
 
     # -- recovery -------------------------------------------------------------------------
 
-    def recover(self) -> tuple[list[tuple[str, str, list[str]]], list[Record], str]:
+    def recover(self) -> tuple[list[Pending], list[Record], str]:
         """Read a previous process's segments.
 
-        Returns (uncommitted batches with their tokens, unbatched records, that process's
-        epoch). The epoch makes tokens for the unbatched records deterministic (a crash
-        during recovery re-derives the same ones) yet unique across process generations.
+        Returns (uncommitted batches: (kind, token, rows, excluded run ids, final), unbatched
+        records, that process's epoch). The epoch makes tokens for the unbatched records
+        deterministic (a crash during recovery re-derives the same ones) yet unique across
+        process generations.
         """
         records: dict[int, tuple[str, str]] = {}
-        batches: list[tuple[str, int, int, str]] = []
+        batches: list[list[Any]] = []
         done = 0
         epoch = ""
         for path in self._old:
@@ -79,18 +89,19 @@ class Wal:
                 elif "e" in item:
                     epoch = epoch or str(item["e"])
                 elif "b" in item:
-                    batches.append(tuple(item["b"]))  # type: ignore[arg-type]
+                    batches.append(list(item["b"]) + [[], False][len(item["b"]) - 4 :])
                 elif "d" in item:
                     done = max(done, item["d"])
-        pending: list[tuple[str, str, list[str]]] = []
+        pending: list[Pending] = []
         covered = set()
-        for kind, lo, hi, token in batches:
+        for kind, lo, hi, token, excluded, final in batches:
             if hi <= done:
                 continue
             seqs = [s for s in range(lo, hi + 1) if s in records and records[s][0] == kind]
             covered.update(seqs)
             if seqs:
-                pending.append((kind, token, [records[s][1] for s in seqs]))
+                rows = [records[s][1] for s in seqs]
+                pending.append((kind, token, rows, set(excluded), bool(final)))
         loose = [
             (s, k, row) for s, (k, row) in sorted(records.items()) if s > done and s not in covered
         ]
@@ -108,8 +119,10 @@ class Wal:
         self._write(f"{seq}\t{kind}\t{row}\n".encode())
         self._max_seq = seq
 
-    def mark_batch(self, kind: str, lo: int, hi: int, token: str) -> None:
-        self._write((_DUMPS({"b": [kind, lo, hi, token]}) + "\n").encode())
+    def mark_batch(
+        self, kind: str, lo: int, hi: int, token: str, excluded: list[str], final: bool
+    ) -> None:
+        self._write((_DUMPS({"b": [kind, lo, hi, token, excluded, final]}) + "\n").encode())
 
     def mark_done(self, hi: int) -> None:
         self._write((_DUMPS({"d": hi}) + "\n").encode())
@@ -187,7 +200,7 @@ class Spool:
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "spool.log"
         self.cursor_path = directory / "spool.cursor"
-        self.rejected_path = directory / "rejected.log"
+        self.inflight_path = directory / "spool.inflight"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self._cursor = int(self.cursor_path.read_text() or 0)
@@ -241,12 +254,19 @@ class Spool:
             self._size = self._cursor = 0
         _atomic_write(self.cursor_path, str(self._cursor))
 
-    def reject(self, kind: str, token: str, n: int, blob: str) -> None:
-        """Keep a batch ClickHouse refuses as data (not an outage) for an operator."""
-        with open(self.rejected_path, "ab") as f:
-            f.write(_spool_line(kind, token, n, blob))
-            f.flush()
-            os.fsync(f.fileno())
+    def decided(self, token: str) -> tuple[str, list[str]] | None:
+        """The replay decision written for batch ``token`` before a crash: (token, excluded)."""
+        try:
+            entry = json.loads(self.inflight_path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("t") != token:
+            return None
+        return str(entry["f"]), list(entry["x"])
+
+    def decide(self, token: str, final_token: str, excluded: list[str]) -> None:
+        """Durably record how batch ``token`` is replayed (before its insert)."""
+        _atomic_write(self.inflight_path, _DUMPS({"t": token, "f": final_token, "x": excluded}))
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -279,7 +299,7 @@ def _read_lines(path: Path) -> Iterator[Record | dict[str, Any]]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()

@@ -1,35 +1,44 @@
 """The background writer: memory queue -> batches -> ClickHouse, or the spool when it is down.
 
 One thread. Each cycle it takes up to ``batch_rows`` records (or whatever arrived within
-``flush_interval_s``), marks the batch in the WAL with a token that is a pure function of
-the batch (``{epoch}-{kind}-{lo}-{hi}``), fsyncs the WAL, inserts with
+``flush_interval_s``), drops run ids already claimed (in memory) or committed (``_dedup``),
+marks the batch in the WAL with a token that is a pure function of the batch
+(``{epoch}-{kind}-{lo}-{hi}``) and what it excludes, fsyncs the WAL, inserts with
 ``insert_deduplication_token`` and then marks it done. While the spool holds anything, new
-batches go behind it so ClickHouse receives batches in order.
+batches go behind it so ClickHouse receives batches in order. Rows ClickHouse refuses as bad
+data go to ``dead_letter`` (``_isolate``); they never block the rows behind them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import re
+import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from guard.store._schema import DECISION_COLUMNS, RUN_COLUMNS
+from guard.store._dedup import CommittedRuns
+from guard.store._isolate import bisect_insert, split_rows
+from guard.store._rows import dead_letter_row
+from guard.store._schema import DEAD_LETTER_COLUMNS, DECISION_COLUMNS, RUN_COLUMNS
 from guard.store._wal import Spool, Wal
 
 __all__ = ["Writer"]
 
 log = logging.getLogger("guard.store")
 
-_TABLES = {"r": ("runs", RUN_COLUMNS), "d": ("decisions", DECISION_COLUMNS)}
-# ClickHouse error codes that mean "this data is bad", not "the server is unavailable".
-_DATA_ERRORS = {6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 321}
-_CODE_RE = re.compile(r"Code: (\d+)")
-_POISON_ATTEMPTS = 5
+# Spool/batch kinds: "r" runs still to be checked against ClickHouse, "R" runs whose content
+# and token are final (checked right before their first insert), "d" decisions, "x" dead letter.
+_TABLES = {
+    "r": ("runs", RUN_COLUMNS),
+    "R": ("runs", RUN_COLUMNS),
+    "d": ("decisions", DECISION_COLUMNS),
+    "x": ("dead_letter", DEAD_LETTER_COLUMNS),
+}
 _RECENT_RUN_IDS = 100_000
 
 
@@ -72,8 +81,8 @@ class Writer(threading.Thread):
         self._next_seq = 1
         self._down_until = 0.0
         self._backoff_s = 0.0
-        self._poison: dict[str, int] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
+        self.committed = CommittedRuns(database)
 
     # -- thread ---------------------------------------------------------------------------
 
@@ -134,23 +143,24 @@ class Writer(threading.Thread):
 
     def _process(self, items: list[tuple[int, str, str, str]]) -> None:
         lo, hi = items[0][0], items[-1][0]
+        batches: list[tuple[str, str, list[str], list[str], bool]] = []
         runs = [(row, key) for _, kind, row, key in items if kind == "r"]
-        decisions = [row for _, kind, row, _ in items if kind == "d"]
-        batches = []
         if runs:
-            batches.append(("r", f"{self._epoch}-r-{lo}-{hi}", self._dedup_runs(runs)))
-        if decisions:
-            batches.append(("d", f"{self._epoch}-d-{lo}-{hi}", decisions))
+            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", runs))
+        for kind in ("d", "x"):
+            rows = [row for _, k, row, _ in items if k == kind]
+            if rows:
+                batches.append((kind, f"{self._epoch}-{kind}-{lo}-{hi}", rows, [], False))
         try:
             with self._lock:
-                for kind, token, _ in batches:
-                    self._wal.mark_batch(kind, lo, hi, token)
+                for kind, token, _, excluded, final in batches:
+                    self._wal.mark_batch(kind.lower(), lo, hi, token, excluded, final)
             self._wal.fsync()
         except OSError as ex:  # markers only make a crash-replay reuse the token: go on
             log.error(
                 "store: WAL marker write failed (%s); delivering batch %d-%d anyway", ex, lo, hi
             )
-        for kind, token, rows in batches:
+        for kind, token, rows, _, _ in batches:
             if rows:
                 self._deliver(kind, token, rows)
         try:
@@ -161,38 +171,111 @@ class Writer(threading.Thread):
             log.error("store: WAL done-marker write failed (%s)", ex)
         self._next_seq = hi + 1
 
-    def _dedup_runs(self, rows: list[tuple[str, str]]) -> list[str]:
-        # The MV counts every inserted row, while `runs` (ReplacingMergeTree) keeps one per
-        # run id: dropping repeats here keeps the two in agreement. First record wins, like
-        # the guard's own dedup by run id.
-        out = []
-        for row, run_id in rows:
+    def _runs_batch(
+        self, token: str, items: list[tuple[str, str]]
+    ) -> tuple[str, str, list[str], list[str], bool]:
+        """(kind, token, rows, excluded run ids, final) for one batch of run records.
+
+        First record wins, like the guard's own dedup by run id: repeats of ids this process
+        claimed are dropped in memory, and when ClickHouse can be asked right now (nothing
+        spooled ahead), ids already committed by any process are dropped too and the batch is
+        final ("R"). Otherwise ("r") it is checked again right before its replay.
+        """
+        rows, ids, mine = [], [], set()
+        excluded: dict[str, None] = {}
+        for row, run_id in items:
             if run_id in self._recent:
                 self._c["deduplicated"] += 1
+                if run_id not in mine:
+                    excluded[run_id] = None
                 continue
             self._recent[run_id] = None
-            out.append(row)
+            mine.add(run_id)
+            rows.append(row)
+            ids.append(run_id)
         while len(self._recent) > _RECENT_RUN_IDS:
             self._recent.popitem(last=False)
-        return out
+        final = False
+        if rows and self._live():
+            try:
+                present = self.committed.present(self._client(), ids)
+            except Exception as ex:
+                self._mark_down(ex)
+            else:
+                final = True
+                if present:
+                    self._c["deduplicated"] += len(present)
+                    excluded.update(dict.fromkeys(sorted(present)))
+                    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in present]
+                    rows, ids = [r for r, _ in kept], [i for _, i in kept]
+        self.committed.add(ids)
+        return ("R" if final else "r"), token, rows, list(excluded), final
 
     # -- delivery -------------------------------------------------------------------------
 
+    def _live(self) -> bool:
+        """May a batch go to ClickHouse now (nothing spooled ahead of it, not backing off)?"""
+        return not self._spool.pending and time.monotonic() >= self._down_until
+
+    def _client(self) -> Any:
+        if self.client is None:
+            self.client = self._client_factory()
+        return self.client
+
     def _deliver(self, kind: str, token: str, rows: list[str]) -> None:
-        if not self._spool.pending and time.monotonic() >= self._down_until:
+        if kind != "r" and self._live():  # "r": not checked against ClickHouse: spool it
             try:
-                self.insert(kind, token, " ".join(rows))
-                self._c["written"] += len(rows)
+                self._insert_isolating(kind, token, rows)
                 self._backoff_s = 0.0
                 return
             except Exception as ex:
                 self._mark_down(ex)
         self._to_spool(kind, token, rows)
 
+    def _insert_isolating(self, kind: str, token: str, rows: list[str]) -> int:
+        """Insert; rows refused as bad data go to dead_letter. Returns rows delivered."""
+        bad = bisect_insert(lambda tok, part: self.insert(kind, tok, part), token, rows)
+        if bad:
+            self._quarantine(kind, token, bad, len(rows))
+        delivered = len(rows) - len(bad)
+        if kind != "x":
+            self._c["written"] += delivered
+        return delivered
+
+    def _quarantine(self, kind: str, token: str, bad: list[tuple[str, str]], n: int) -> None:
+        table = _TABLES[kind][0]
+        refused = bad
+        if kind != "x":  # raises when ClickHouse is down: the batch is retried, same tokens
+            rows = [dead_letter_row(table, token, err, row) for row, err in bad]
+            refused = bisect_insert(lambda tok, p: self.insert("x", tok, p), f"{token}-dl", rows)
+        self._c["dead_lettered"] += len(bad)
+        log.error(
+            "store: ClickHouse refused %d of %d %s rows of batch %s as bad data; quarantined "
+            "in %s.dead_letter, the other rows were delivered: %s",
+            len(bad),
+            n,
+            table,
+            token,
+            self._db,
+            bad[0][1][:500],
+        )
+        if refused:  # the dead-letter row itself was refused: keep it on disk, never lose it
+            self._to_file(table, token, refused)
+
+    def _to_file(self, table: str, token: str, bad: list[tuple[str, str]]) -> None:
+        path = self._spool.path.parent / "dead_letter.log"
+        with open(path, "ab") as f:
+            for row, err in bad:
+                f.write((json.dumps([table, token, err, row]) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        log.error("store: %d dead-letter records kept in %s", len(bad), path)
+
     def _to_spool(self, kind: str, token: str, rows: list[str]) -> None:
         try:
             self._spool.append(kind, token, rows)
-            self._c["spooled"] += len(rows)
+            if kind != "x":
+                self._c["spooled"] += len(rows)
         except OSError as ex:
             with self._lock:
                 self._c["dropped"] += len(rows)
@@ -208,43 +291,52 @@ class Writer(threading.Thread):
             progressed = False
             for end, kind, token, n, blob in self._spool.peek():
                 try:
-                    self.insert(kind, token, blob)
+                    self._replay_one(kind, token, n, blob)
                 except Exception as ex:
-                    if self._is_poison(token, ex):
-                        log.error(
-                            "store: ClickHouse rejected spooled batch %s (%d rows) %d times; "
-                            "moved to %s: %s",
-                            token,
-                            n,
-                            _POISON_ATTEMPTS,
-                            self._spool.rejected_path,
-                            ex,
-                        )
-                        self._spool.reject(kind, token, n, blob)
-                        self._c["rejected"] += n
-                        self._spool.advance(end)
-                        progressed = True
-                        continue
-                    if token in self._poison:  # the server answered: retry soon, no backoff
-                        self._down_until = time.monotonic() + 0.2
-                    else:
-                        self._mark_down(ex)
+                    self._mark_down(ex)
                     return
-                self._poison.pop(token, None)
-                self._c["replayed"] += n
-                self._c["written"] += n
                 self._spool.advance(end)
                 self._backoff_s = 0.0
                 progressed = True
             if not progressed:
                 return
 
-    def _is_poison(self, token: str, ex: Exception) -> bool:
-        m = _CODE_RE.search(str(ex))
-        if not m or int(m.group(1)) not in _DATA_ERRORS:
-            return False
-        self._poison[token] = self._poison.get(token, 0) + 1
-        return self._poison[token] >= _POISON_ATTEMPTS
+    def _replay_one(self, kind: str, token: str, n: int, blob: str) -> None:
+        try:
+            rows, keys = split_rows(blob)
+        except ValueError as ex:  # a corrupt line: keep its whole text, never retry it forever
+            self._c["dead_lettered"] += n
+            self._to_file(_TABLES[kind][0], token, [(blob, f"unreadable spooled batch: {ex}")])
+            return
+        if kind == "r":
+            token, excluded = self._replay_decision(token, keys)
+            if excluded:
+                drop = set(excluded)
+                self._c["deduplicated"] += sum(1 for k in keys if k in drop)
+                kept = [(r, k) for r, k in zip(rows, keys, strict=True) if k not in drop]
+                rows, keys = [r for r, _ in kept], [k for _, k in kept]
+        delivered = self._insert_isolating(kind, token, rows) if rows else 0
+        if kind in "rR":
+            self.committed.add(keys)
+        if kind != "x":
+            self._c["replayed"] += delivered
+
+    def _replay_decision(self, token: str, keys: list[str]) -> tuple[str, list[str]]:
+        """(token, excluded) for a spooled runs batch not yet checked against ClickHouse.
+
+        Written to disk before the insert: after a crash mid-insert the same rows go again
+        with the same token (ClickHouse drops what it has and completes the view), instead of
+        a fresh check that would see this batch's own rows and drop them from the view.
+        """
+        decided = self._spool.decided(token)
+        if decided is not None:
+            return decided
+        excluded = sorted(self.committed.present(self._client(), keys))
+        final = token
+        if excluded:  # other content than any earlier attempt: another token
+            final = f"{token}~{hashlib.sha1(' '.join(excluded).encode()).hexdigest()[:12]}"
+        self._spool.decide(token, final, excluded)
+        return final, excluded
 
     def _mark_down(self, ex: Exception) -> None:
         self.failed_at = time.monotonic()
@@ -264,11 +356,10 @@ class Writer(threading.Thread):
         The same token never lands twice (see _schema.DEDUP_WINDOW); ClickHouse parses the
         rows natively, so the writer does no per-row work in Python.
         """
-        if self.client is None:
-            self.client = self._client_factory()
+        client = self._client()
         table, columns = _TABLES[kind]
         blob = rows if isinstance(rows, str) else " ".join(rows)
-        self.client.raw_insert(
+        client.raw_insert(
             f"{self._db}.{table}",
             list(columns),
             insert_block=blob.encode(),

@@ -85,13 +85,17 @@ class FlakyClient:
             self.failures += 1
             raise OperationalError("injected: connection refused (ClickHouse down)")
 
-    def raw_insert(self, *a: Any, **kw: Any) -> Any:
-        self._check()
-        return self.inner.raw_insert(*a, **kw)
+    def __getattr__(self, name: str) -> Any:
+        # every client call (insert, query, command, ...) fails while the server is down
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
 
-    def query(self, *a: Any, **kw: Any) -> Any:
-        self._check()
-        return self.inner.query(*a, **kw)
+        def call(*a: Any, **kw: Any) -> Any:
+            self._check()
+            return attr(*a, **kw)
+
+        return call
 
     def close(self) -> None:
         self.inner.close()

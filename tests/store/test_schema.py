@@ -14,7 +14,14 @@ from guard.store import open_store, parse_dsn
 from guard.store._dsn import connect
 from guard.store._schema import MIGRATIONS, migrate
 
-TABLES = ("decisions", "runs", "schema_migrations", "stop_reasons_1m", "stop_reasons_1m_mv")
+TABLES = (
+    "dead_letter",
+    "decisions",
+    "runs",
+    "schema_migrations",
+    "stop_reasons_1m",
+    "stop_reasons_1m_mv",
+)
 
 
 def _schema(store) -> list[tuple]:
@@ -51,7 +58,7 @@ def test_migrations_twice_without_effect(tmp_path: Path) -> None:
 def test_fresh_database_applies_every_version(tmp_path: Path) -> None:
     client = connect(parse_dsn(f"chdb://{tmp_path}/ch?database=og_test", data_dir=tmp_path))
     try:
-        assert migrate(client, "og_test", retention_days=None) == [1, 2, 3]
+        assert migrate(client, "og_test", retention_days=None) == [1, 2, 3, 4]
         assert migrate(client, "og_test", retention_days=None) == []
     finally:
         client.close()
@@ -139,3 +146,34 @@ def test_ttl_expires_rows_past_retention(tmp_path: Path) -> None:
         s.query("OPTIMIZE TABLE otel_guard.stop_reasons_1m FINAL")
         assert s.query("SELECT run_id FROM otel_guard.runs") == [("run-000002",)]
         assert s.report().total_runs == 1
+
+
+def test_a_store_of_the_previous_schema_migrates_and_its_runs_stay_exactly_once(
+    tmp_path: Path,
+) -> None:
+    from guard.store._rows import encode_row, run_row
+    from guard.store._schema import RUN_COLUMNS
+
+    client = connect(parse_dsn(None, data_dir=tmp_path))
+    try:  # a store as the previous release left it: migrations 1-3, runs already written
+        assert migrate(client, "otel_guard", retention_days=90, upto=3) == [1, 2, 3]
+        rows = " ".join(encode_row(run_row(outcome(i))) for i in range(20))
+        client.raw_insert(
+            "otel_guard.runs",
+            list(RUN_COLUMNS),
+            insert_block=rows.encode(),
+            fmt="JSONCompactEachRow",
+        )
+    finally:
+        client.close()
+    with open_store(None, data_dir=tmp_path, flush_interval_s=0.05) as s:
+        names = {r[0] for r in _schema(s)}
+        assert "dead_letter" in names
+        versions = s.query("SELECT version FROM otel_guard.schema_migrations ORDER BY version")
+        assert [v[0] for v in versions] == [1, 2, 3, 4]
+        for i in range(10, 30):  # 10 repeats of runs the old release wrote, 10 new ones
+            s.write_run(outcome(i, tenant="other"))
+        assert s.flush(10)
+        assert s.query("SELECT count(), uniqExact(run_id) FROM otel_guard.runs") == [(30, 30)]
+        assert int(s.query("SELECT sum(runs) FROM otel_guard.stop_reasons_1m")[0][0]) == 30
+        assert s.counters()["deduplicated"] == 10

@@ -175,19 +175,19 @@ def test_batch_committed_but_not_marked_done_is_not_duplicated_on_restart(tmp_pa
         assert count(s2, "SELECT sum(runs) FROM otel_guard.stop_reasons_1m") == 300
 
 
-def test_a_batch_clickhouse_rejects_goes_to_rejected_log_and_the_rest_flows(
-    store, tmp_path
-) -> None:
+def test_a_spooled_batch_clickhouse_rejects_is_dead_lettered_and_the_rest_flows(store) -> None:
     bad = '["r-bad","x","acme","a","failed","error","",' + '"not-a-time"' + ",0]"
-    store._spool.append("r", "poison-1", [bad])
+    store._spool.append("d", "poison-1", [bad])
     store._writer.wake.set()
     for i in range(50):
         store.write_run(outcome(i))
     assert store.flush(20)
     c = store.counters()
-    assert c["rejected"] == 1 and c["written"] == 50 and c["dropped"] == 0
+    assert c["dead_lettered"] == 1 and c["written"] == 50 and c["dropped"] == 0
     assert count(store, "SELECT count() FROM otel_guard.runs") == 50
-    assert "poison-1" in (tmp_path / "guard" / "store" / "rejected.log").read_text()
+    assert store.query("SELECT table, token, row FROM otel_guard.dead_letter") == [
+        ("decisions", "poison-1", bad)
+    ]
 
 
 def test_wal_segments_rotate_and_committed_ones_are_deleted(tmp_path: Path) -> None:
