@@ -31,6 +31,7 @@ from guard.policy import (
 )
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions
+from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import Ingest
 from guard.server._lifecycle import Lifecycle
@@ -94,6 +95,9 @@ class Registry(Ingest, Decisions, Lifecycle):
             "denied": 0,
             "agent_lost": 0,
             "capacity_rejections": 0,
+            "replayed_spans": 0,
+            "provisional_spans_dropped": 0,
+            "adopted_runs": 0,
         }
         self._tenant_cut: dict[str, float] = {}
 
@@ -152,11 +156,17 @@ class Registry(Ingest, Decisions, Lifecycle):
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
             raise InvalidInput("tenant/agent longer than 256 chars")
         run = self.runs.get(rs.run_id)
+        waiting: RunState | None = None
         if run is not None:
             principal.check_tenant(run.tenant)
-            self._attach(run, session)
-            self._admit_msg(session, run, rs.request_id)
-            return
+            if not run.provisional:
+                self._attach(run, session)
+                self._admit_msg(session, run, rs.request_id)
+                return
+            # Spans got here first: the agent's identity, limits and counters replace the
+            # guard's guess; the spans it kept are counted below, above the snapshot's floor.
+            waiting = run
+            self._forget(run)
         if rs.run_id in self.ended:
             if restoring:  # ended while its agent was away (agent_lost): tell it so
                 session.directive(
@@ -214,7 +224,11 @@ class Registry(Ingest, Decisions, Lifecycle):
         )
         if restored is not None:
             self._restore_usage(run, restored)
+        if restoring and rs.span_seq:
+            run.seq_gate = rs.span_seq  # spans numbered <= it are in the restored usage
         self._admit_msg(session, run, rs.request_id)
+        if waiting is not None:
+            self._adopt(run, waiting, principal)
         if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,
@@ -282,24 +296,30 @@ class Registry(Ingest, Decisions, Lifecycle):
         return run
 
     def _restore_usage(self, run: RunState, u: Any) -> None:
-        b = run.budget
-        for _ in range(min(u.steps, 100_000)):
-            b.record_step()
-        if u.model_calls or u.input_tokens or u.output_tokens or u.cost_usd is not None:
-            b.record_model_call(
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
-                reasoning_tokens=u.reasoning_tokens,
-                cached_tokens=u.cached_tokens,
-                cost_usd=u.cost_usd,
-            )
-            for _ in range(min(max(0, u.model_calls - 1), 100_000)):
-                b.record_model_call()
+        """Set (never add) the run's own counters from its agent's snapshot. A parent's
+        snapshot already holds its children's usage (the SDK reads a run tree at one
+        instant), so adding through the parent chain would count the children twice; for
+        the same reason only a root run's usage goes to the tenant's windows."""
+        run.budget.restore(u)
         run.tokens_used = u.input_tokens + u.output_tokens
         run.cost_used = u.cost_usd or 0.0
-        if u.tool_calls:
-            b.record_tool_calls(u.tool_calls, attempts=max(u.tool_attempts, u.tool_calls))
-        self.tenants.record(run.tenant, u)
+        if run.parent is None:
+            self.tenants.record(run.tenant, u)
+
+    def _adopt(self, run: RunState, waiting: RunState, principal: Principal) -> None:
+        """The agent registered a run that spans had created first (provisional): count the
+        spans it kept that the registration's snapshot does not hold, and carry over an
+        operator's cancel (it reaches the agent now)."""
+        self.stats["adopted_runs"] += 1
+        kept = waiting.seq_gate if type(waiting.seq_gate) is list else []
+        if kept:
+            decoded = Decoded()
+            decoded.observations = kept
+            self.ingest(decoded, principal)  # gated by run.seq_gate: each span counted once
+        if waiting.stop_by is DecidedBy.OPERATOR and run.stop_reason is None:
+            self.stop_run(
+                run, Reason.OPERATOR_CANCEL, waiting.stop_detail, None, None, DecidedBy.OPERATOR
+            )
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
         body = pb.Admit(

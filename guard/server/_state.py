@@ -58,6 +58,7 @@ class RunState:
         "budget",
         "cost_used",
         "detached_at",
+        "end_hint",
         "forecast_warned",
         "forecaster",
         "last_action_hash",
@@ -73,6 +74,7 @@ class RunState:
         "paused",
         "run_id",
         "seen",
+        "seq_gate",
         "session",
         "soft",
         "started_at",
@@ -142,10 +144,23 @@ class RunState:
         self.stop_by: Any = None  # DecidedBy
         self.loop_warned = False
         self.forecast_warned = False
+        # Spans numbered by the SDK (guard.seq), see _ingest.Ingest._gate: None = count every
+        # span; an int = the re-registration's span_seq (spans numbered <= it are already in
+        # the restored usage); a list = *provisional*: an implicit run whose agent has a control
+        # stream and has not re-registered yet; its spans wait there, uncounted, until it does.
+        self.seq_gate: int | list[Any] | None = None
+        # (status, reason) from the run span of a run that waits for its agent: the record
+        # written if the agent does not come back within agent_grace_s (else agent_lost).
+        self.end_hint: tuple[Any, Any] | None = None
 
     @property
     def connected(self) -> bool:
         return self.session is not None and self.detached_at is None
+
+    @property
+    def provisional(self) -> bool:
+        """Created from numbered spans before its agent (re-)registered it."""
+        return type(self.seq_gate) is list
 
     @property
     def stopping(self) -> bool:
