@@ -283,6 +283,7 @@ class ControlClient:
                     self._run_started(r, rid_of.get(r.run_id, 0), snap)
                     for r, snap in zip(live, snaps, strict=True)
                 ],
+                ended_runs=self.unacked.acked_recently(),
             )
             await call.write(pb.AgentMessage(hello=hello))
             for m in self.unacked.all():  # every record the guard has not acknowledged

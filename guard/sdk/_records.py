@@ -3,7 +3,9 @@
 Every ``RunEnded`` the control client sends stays here, keyed by run id, until the guard's
 ``RecordAck`` for that run arrives (the guard acks once the record is in its WAL, and acks a
 repeat without changing anything). After each reconnect every record still here is sent
-again, right after the Hello. ``guard.shutdown()`` waits, bounded, for this to empty.
+again, right after the Hello. ``guard.shutdown()`` waits, bounded, for this to empty. The
+run ids acknowledged recently go in the Hello (``ended_runs``), so a restarted guard knows
+those runs are over when the span exporter retries their spans.
 
 Bounded: at :data:`MAX_UNACKED` records the oldest are kept (they have waited longest for a
 guard) and a new one is refused with a warning naming it: counted, never silent.
@@ -14,13 +16,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 __all__ = ["MAX_UNACKED", "PendingRecords"]
 
 log = logging.getLogger("guard.sdk.control")
 MAX_UNACKED = 10_000
+ACKED_RECENT_MAX = 1024  # acknowledged run ids a Hello tells a (restarted) guard about
+ACKED_RECENT_S = 120.0  # ... if acknowledged this recently (the exporter's retries are older)
 
 
 class PendingRecords:
@@ -29,6 +33,7 @@ class PendingRecords:
     def __init__(self, cap: int = MAX_UNACKED) -> None:
         self._cap = cap
         self._items: OrderedDict[str, Any] = OrderedDict()
+        self._acked: deque[tuple[float, str]] = deque(maxlen=ACKED_RECENT_MAX)
         self._cond = threading.Condition()
         self.refused = 0
 
@@ -55,6 +60,8 @@ class PendingRecords:
         """The guard holds ``run_id``'s record durably: forget it. False if not held."""
         with self._cond:
             found = self._items.pop(run_id, None) is not None
+            if found:
+                self._acked.append((time.monotonic(), run_id))
             if not self._items:
                 self._cond.notify_all()
             return found
@@ -63,6 +70,13 @@ class PendingRecords:
         """Every record still unacknowledged, oldest first (what a reconnect resends)."""
         with self._cond:
             return list(self._items.values())
+
+    def acked_recently(self) -> list[str]:
+        """Run ids acknowledged within :data:`ACKED_RECENT_S` (at most the last 1024): the
+        Hello's ``ended_runs``."""
+        cutoff = time.monotonic() - ACKED_RECENT_S
+        with self._cond:
+            return [rid for t, rid in self._acked if t >= cutoff]
 
     def run_ids(self) -> list[str]:
         with self._cond:

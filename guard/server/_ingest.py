@@ -329,8 +329,8 @@ class Ingest:
     def _gate(self, run: RunState, o: Observation) -> bool:
         """Whether a counted span of a gated run is *not* to be counted now (see
         ``RunState.seq_gate``): a provisional run keeps it for its agent's registration
-        (bounded, then counted as dropped); a restored run skips it when the re-registration
-        snapshot already holds it (``guard.seq <= span_seq``)."""
+        (bounded, then counted as dropped); a re-registered run skips it when the snapshot
+        already holds it (``guard.seq <= span_seq``) or it was counted since (a retry)."""
         gate = run.seq_gate
         if type(gate) is list:
             run.touched_at = self.clock()
@@ -342,7 +342,7 @@ class Ingest:
                 self.stats["provisional_spans_dropped"] += 1
             return True
         seq = o[SEQ]
-        if seq is not None and seq <= gate:
+        if seq is not None and gate.seen(seq):
             self.stats["replayed_spans"] += 1
             return True
         return False

@@ -150,14 +150,14 @@ class Lifecycle:
         operator's cancel if one is pending, else what its run span said (decided_by sdk), else
         agent_lost. Tenant and agent are whatever its spans carried."""
         if run.stop_by is DecidedBy.OPERATOR:
-            self.end_run(run, Status.CANCELLED, Reason.OPERATOR_CANCEL, run.stop_detail, run.stop_by)
+            self.end_run(
+                run, Status.CANCELLED, Reason.OPERATOR_CANCEL, run.stop_detail, run.stop_by
+            )
             return
         if run.end_hint is not None:
             status, reason = run.end_hint
             by = run.stop_by if run.stop_by is not None and reason is run.stop_reason else None
-            self.end_run(
-                run, status, reason, f"from the run span ({why})", by or DecidedBy.SDK
-            )
+            self.end_run(run, status, reason, f"from the run span ({why})", by or DecidedBy.SDK)
             return
         self.stats["agent_lost"] += 1
         self.end_run(

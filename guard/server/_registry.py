@@ -35,7 +35,7 @@ from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import Ingest
 from guard.server._lifecycle import Lifecycle
-from guard.server._state import RunState
+from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
 from guard.server._tenants import Tenants
 from guard.store._records import DecisionRecord
@@ -45,6 +45,7 @@ from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
 __all__ = ["Registry"]
 
 _MAX_ID = 256
+_MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that many)
 
 
 def _trace_bytes(hex_id: str) -> bytes:
@@ -224,8 +225,9 @@ class Registry(Ingest, Decisions, Lifecycle):
         )
         if restored is not None:
             self._restore_usage(run, restored)
-        if restoring and rs.span_seq:
-            run.seq_gate = rs.span_seq  # spans numbered <= it are in the restored usage
+        if (restoring and rs.span_seq) or waiting is not None:
+            # spans numbered <= span_seq are in the restored usage; each later one counts once
+            run.seq_gate = SeqGate(rs.span_seq if restoring else 0)
         self._admit_msg(session, run, rs.request_id)
         if waiting is not None:
             self._adopt(run, waiting, principal)
@@ -367,8 +369,24 @@ class Registry(Ingest, Decisions, Lifecycle):
         session.host = hello.host[:_MAX_ID]
         session.pid = hello.pid
         self.sessions.add(session)
+        self._ended_elsewhere(hello.ended_runs, tenant)
         for rs in hello.live_runs:
             self.register(session, rs, principal, restoring=True)
+
+    def _ended_elsewhere(self, run_ids: Any, tenant: str) -> None:
+        """Hello.ended_runs: runs whose records a guard (maybe this one before a restart)
+        acknowledged. A provisional run for one of them (the exporter retried its spans) is
+        dropped without a record, and later spans of it are late spans. Only the caller's
+        tenant's runs are touched; a live registered run is left alone."""
+        for run_id in run_ids[:_MAX_ENDED_IN_HELLO]:
+            if not run_id or len(run_id) > _MAX_ID or run_id in self.ended:
+                continue
+            run = self.runs.get(run_id)
+            if run is not None:
+                if not run.provisional or (run.tenant and run.tenant != tenant):
+                    continue
+                self._forget(run)
+            self._remember_ended(run_id)
 
     def detach(self, session: AgentSession) -> None:
         """The stream dropped: keep its runs for ``agent_grace_s``, then agent_lost."""

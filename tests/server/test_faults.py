@@ -1,0 +1,132 @@
+"""The fault suite, with real processes: the guard (``otel-guard serve``, embedded store in a
+temp data dir) SIGKILLed mid-fleet and restarted on the same port and data dir, an agent
+SIGKILLed, and a store outage. Each trial reads the store back and checks the contract:
+one row per run in ``runs`` (FINAL, by run id), ``stop_reasons_1m`` counting each run once,
+every live run listed again after a restart and reached by ``cancel --tenant``, and no run
+stopped before its limit (the bounded runs stop by max_steps at exactly 30 steps).
+
+The long version (>= 20 kills, fast and slow restarts) is ``benchmarks/soak_guard_kill.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ._faults import (
+    FleetAgent,
+    GuardProc,
+    cancel_tenant,
+    free_port,
+    listed,
+    store_verdict,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+MAX_STEPS = 30
+
+
+def _check_records(agents: list[FleetAgent], verdict: dict, *, idle_reason: str) -> None:
+    started: dict[str, str] = {}
+    for a in agents:
+        started.update(a.started())
+    per_run = verdict["per_run"]
+    missing = sorted(set(started) - set(per_run))
+    twice = {r: n for r, n in per_run.items() if n != 1}
+    assert not missing, f"{len(missing)} of {len(started)} records lost: {missing[:5]}"
+    assert not twice, f"runs with more than one row: {twice}"
+    assert set(per_run) == set(started), "rows for runs nobody started"
+    assert verdict["runs_final"] == len(started)
+    # The distribution counts every run once, across restarts (the store's half, helper E).
+    assert verdict["mv_runs"] == len(started), (verdict["mv_runs"], len(started))
+    for run_id, kind in started.items():
+        row = verdict["rows"][run_id]
+        assert row["tenant"] and row["agent"], (run_id, row)  # never an anonymous stray
+        if kind == "bounded":  # no early stop: exactly the limit
+            assert (row["reason"], row["steps"]) == ("max_steps", MAX_STEPS), (run_id, row)
+        else:
+            assert row["reason"] == idle_reason, (run_id, row)
+    for a in agents:
+        for e in a.ended().values():
+            if started[e["run_id"]] == "bounded":
+                assert (e["reason"], e["steps"]) == ("max_steps", MAX_STEPS), e
+
+
+def _no_undelivered(done: dict) -> None:
+    assert "control_records_unacknowledged" not in done["stats"], done["stats"]
+
+
+def test_guard_sigkill_mid_fleet_and_fast_restart_twice(tmp_path: Path) -> None:
+    guard = GuardProc(free_port(), tmp_path / "guard").start()
+    agents = [FleetAgent(guard.address, t, bounded=6, idle=1) for t in ("acme", "globex")]
+    try:
+        for a in agents:
+            a.go()
+        for kill in range(2):
+            # mid-fleet: both idle runs live and bounded runs in flight
+            wait_until(lambda: sum(len(a.live()) for a in agents) >= 4, 30, "live runs")
+            time.sleep(0.2 + 0.3 * kill)
+            guard.kill()
+            time.sleep(0.5)  # a fast restart (the soak script also waits ~1 s and ~5 s)
+            guard.start()
+
+            # every run still live in its agent is listed again, with its identity
+            def relisted() -> bool:
+                want = set().union(*(a.live() for a in agents))
+                seen = listed(guard.address)
+                ok = want <= set(seen)
+                return ok and all(seen[r].tenant and seen[r].agent for r in want)
+
+            wait_until(relisted, 20, "the live runs to be listed again")
+        for a in agents:  # the bounded runs end by themselves
+            wait_until(lambda a=a: len(a.ended()) >= 6, 60, f"{a.tenant} bounded runs")
+        for a in agents:
+            idle = {r for r, k in a.started().items() if k == "idle"}
+            assert set(cancel_tenant(guard.address, a.tenant)) == idle
+        for a in agents:
+            _no_undelivered(a.finish())
+    finally:
+        for a in agents:
+            a.kill()
+        guard.stop()
+    _check_records(agents, store_verdict(guard.data_dir), idle_reason="operator_cancel")
+
+
+def test_agent_sigkill_ends_its_runs_as_agent_lost_once(tmp_path: Path) -> None:
+    guard = GuardProc(free_port(), tmp_path / "guard", grace_s=1.0).start()
+    a = FleetAgent(guard.address, "acme", bounded=2, idle=2)
+    try:
+        a.go()
+        wait_until(lambda: len(a.ended()) >= 2, 60, "the bounded runs")
+        idle = {r for r, k in a.started().items() if k == "idle"}
+        wait_until(lambda: idle <= set(listed(guard.address)), 20, "idle runs listed")
+        a.kill()
+        wait_until(lambda: not (idle & set(listed(guard.address))), 30, "agent_lost")
+    finally:
+        a.kill()
+        guard.stop()
+    _check_records([a], store_verdict(guard.data_dir), idle_reason="agent_lost")
+
+
+def test_store_outage_spools_every_record_and_replays_it_once(tmp_path: Path) -> None:
+    # ClickHouse unreachable: a server DSN on a closed port. Records are durable in the data
+    # dir (WAL, spool) and acknowledged; once a store is reachable they are replayed, once.
+    closed = free_port()
+    guard = GuardProc(free_port(), tmp_path / "guard", dsn=f"http://127.0.0.1:{closed}/").start()
+    agents = [FleetAgent(guard.address, t, bounded=4, idle=1) for t in ("acme", "globex")]
+    try:
+        for a in agents:
+            a.go()
+        for a in agents:
+            wait_until(lambda a=a: len(a.ended()) >= 4, 60, f"{a.tenant} bounded runs")
+            cancel_tenant(guard.address, a.tenant)
+        for a in agents:
+            _no_undelivered(a.finish())
+    finally:
+        for a in agents:
+            a.kill()
+        guard.stop()
+    _check_records(agents, store_verdict(guard.data_dir), idle_reason="operator_cancel")
