@@ -172,9 +172,9 @@ def listed(address: str) -> dict[str, Any]:
 
 def cancel_tenant(address: str, tenant: str) -> list[str]:
     """``otel-guard cancel --tenant`` through the real CLI; returns the cancelled run ids."""
+    cmd = [sys.executable, "-m", "guard.cli", "cancel", "--tenant", tenant, "--json"]
     out = subprocess.run(
-        [sys.executable, "-m", "guard.cli", "cancel", "--tenant", tenant, "--json"]
-        + ["--endpoint", address, "--reason", "fault suite"],
+        [*cmd, "--endpoint", address, "--reason", "fault suite"],
         capture_output=True,
         text=True,
         check=True,
