@@ -30,9 +30,11 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         read_delay_s: float = 0.0,
         heartbeat_interval_ms: int = 100,
         ack_records: bool = True,
+        port: int = 0,
     ):
         """``read_delay_s``: a slow guard, pausing before it reads each message after Hello.
-        ``ack_records``: answer each RunEnded with a RecordAck, as the real guard does."""
+        ``ack_records``: answer each RunEnded with a RecordAck, as the real guard does.
+        ``port``: a fixed port (a guard restarted where the agents look for it)."""
         self.ack_records = ack_records
         self.decide = decide or (
             lambda rs: pb.GuardMessage(
@@ -51,7 +53,7 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         pb_grpc.add_GuardControlServicer_to_server(self, self.server)
         self.traces = _Traces()
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self.traces, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.server.start()
 
     @property
