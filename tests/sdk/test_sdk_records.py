@@ -152,9 +152,9 @@ def _seqs(g: FakeGuard, run_id: str) -> list[int]:
             for ss in rs.scope_spans:
                 for sp in ss.spans:
                     attrs = {kv.key: kv.value for kv in sp.attributes}
-                    if "guard.run.id" in attrs and attrs["guard.run.id"].string_value == run_id:
-                        if "guard.seq" in attrs:
-                            out.append(attrs["guard.seq"].int_value)
+                    rid = attrs["guard.run.id"].string_value if "guard.run.id" in attrs else ""
+                    if rid == run_id and "guard.seq" in attrs:
+                        out.append(attrs["guard.seq"].int_value)
     return out
 
 
