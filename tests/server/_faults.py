@@ -18,9 +18,20 @@ from typing import Any
 
 from guard.cli._client import AdminClient
 
-__all__ = ["FleetAgent", "GuardProc", "free_port", "listed", "store_verdict", "wait_until"]
+__all__ = [
+    "MAX_STEPS",
+    "FleetAgent",
+    "GuardProc",
+    "cancel_tenant",
+    "free_port",
+    "listed",
+    "store_verdict",
+    "tally",
+    "wait_until",
+]
 
 _AGENT = str(Path(__file__).with_name("_fleet_agent.py"))
+MAX_STEPS = 30  # _fleet_agent's bounded runs: they only ever stop by max_steps
 
 
 def free_port() -> int:
@@ -207,3 +218,46 @@ def store_verdict(data_dir: Path) -> dict[str, Any]:
         "runs_final": int(raw),
         "mv_runs": int(mv or 0),
     }
+
+
+def tally(agents: list[FleetAgent], verdict: dict[str, Any], *, idle_reason: str) -> dict:
+    """What went wrong, counted (all zero when the contract holds): records lost, runs with
+    more than one row (FINAL), rows nobody started, the distribution's surplus over the runs,
+    rows without tenant or agent, bounded runs stopped before their limit (agent or store
+    side), idle runs ended for another reason; with a few run ids of each for the message."""
+    started: dict[str, str] = {}
+    for a in agents:
+        started.update(a.started())
+    per_run, rows = verdict["per_run"], verdict["rows"]
+    early = {
+        e["run_id"]
+        for a in agents
+        for e in a.ended().values()
+        if started.get(e["run_id"]) == "bounded"
+        and (e["reason"], e["steps"]) != ("max_steps", MAX_STEPS)
+    }
+    early |= {
+        r
+        for r, k in started.items()
+        if k == "bounded"
+        and r in rows
+        and (rows[r]["reason"], rows[r]["steps"]) != ("max_steps", MAX_STEPS)
+    }
+    bad = {
+        "lost": sorted(set(started) - set(per_run)),
+        "rows_twice": sorted(r for r, n in per_run.items() if n != 1),
+        "rows_unknown": sorted(set(per_run) - set(started)),
+        "anonymous": sorted(r for r, row in rows.items() if not (row["tenant"] and row["agent"])),
+        "early_stops": sorted(early),
+        "idle_wrong_reason": sorted(
+            r
+            for r, k in started.items()
+            if k == "idle" and r in rows and rows[r]["reason"] != idle_reason
+        ),
+    }
+    out: dict[str, Any] = {k: len(v) for k, v in bad.items()}
+    out["runs"] = len(started)
+    out["runs_final_surplus"] = verdict["runs_final"] - len(started)
+    out["mv_surplus"] = verdict["mv_runs"] - len(started)
+    out["examples"] = {k: v[:3] for k, v in bad.items() if v}
+    return out
