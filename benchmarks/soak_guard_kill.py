@@ -32,30 +32,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
-from _faults import (  # tests/server holds the real-process harness
-    FleetAgent,
-    GuardProc,
-    cancel_tenant,
-    free_port,
-    listed,
-    store_verdict,
-    tally,
-    wait_until,
-)
+import _faults as F  # tests/server holds the real-process harness
 
 _TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
 
 
 def trial(root: Path, restart_after_s: float, agents_n: int, bounded: int) -> dict:
-    guard = GuardProc(free_port(), root / "guard").start()
+    guard = F.GuardProc(F.free_port(), root / "guard").start()
     tenants = [_TENANTS[i % len(_TENANTS)] for i in range(agents_n)]
-    agents = [FleetAgent(guard.address, t, bounded=bounded, idle=1) for t in tenants]
+    agents = [F.FleetAgent(guard.address, t, bounded=bounded, idle=1) for t in tenants]
     out: dict = {"restart_after_s": restart_after_s}
-    try:
+    with F.running(guard, agents):
         for a in agents:
             a.go()
         # mid-fleet: every idle run and some bounded runs live, some bounded runs already over
-        wait_until(lambda: sum(len(a.ended()) for a in agents) >= agents_n, 60, "first ends")
+        F.wait_until(lambda: sum(len(a.ended()) for a in agents) >= agents_n, 60, "first ends")
         guard.kill()
         killed = time.monotonic()
         time.sleep(restart_after_s)
@@ -65,31 +56,21 @@ def trial(root: Path, restart_after_s: float, agents_n: int, bounded: int) -> di
 
         def relisted() -> bool:
             want = set().union(*(a.live() for a in agents))
-            seen = listed(guard.address)
+            seen = F.listed(guard.address)
             return want <= set(seen) and all(seen[r].tenant and seen[r].agent for r in want)
 
         try:
-            wait_until(relisted, 20, "live runs listed again", step=0.01)
+            F.wait_until(relisted, 20, "live runs listed again", step=0.01)
             out["relisted"] = True
             out["ready_to_listed_s"] = round(time.monotonic() - ready, 3)
         except AssertionError:
             out["relisted"] = False
-        for a in agents:
-            wait_until(lambda a=a: len(a.ended()) >= bounded, 120, "bounded runs")
-        cancelled = 0
-        for t in sorted(set(tenants)):
-            cancelled += len(cancel_tenant(guard.address, t))
-        out["idle_cancelled"] = cancelled
+        ended = F.end_fleet(guard.address, agents, bounded)
+        out["idle_cancelled"] = sum(len(ids) for ids in ended["cancelled"].values())
         out["idle_runs"] = agents_n
-        undelivered = 0
-        for a in agents:
-            undelivered += a.finish(60)["stats"].get("control_records_unacknowledged", 0)
-        out["sdk_undelivered"] = undelivered
-    finally:
-        for a in agents:
-            a.kill()
-        guard.stop()
-    out.update(tally(agents, store_verdict(guard.data_dir), idle_reason="operator_cancel"))
+        out["sdk_undelivered"] = ended["undelivered"]
+    verdict = F.store_verdict(guard.data_dir)
+    out.update(F.tally(agents, verdict, idle_reason="operator_cancel"))
     return out
 
 

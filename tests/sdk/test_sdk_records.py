@@ -13,6 +13,7 @@ import time
 import pytest
 from _sdk_fake_guard import FakeGuard
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
+from test_sdk_control import _settings as _control_settings
 
 import guard
 from guard.errors import ConfigError
@@ -22,17 +23,7 @@ from guard.sdk._runtime import get_runtime
 
 
 def _settings(g: FakeGuard, **kw):
-    base = dict(
-        endpoint=g.endpoint,
-        tenant="acme",
-        admit_timeout_ms=2000,
-        reconnect_min_s=0.05,
-        reconnect_max_s=0.2,
-        heartbeat_interval_ms=100,
-        shutdown_ack_timeout_s=5.0,
-    )
-    base.update(kw)
-    return base
+    return _control_settings(g, **{"shutdown_ack_timeout_s": 5.0, **kw})
 
 
 def _ended(g: FakeGuard, run_id: str) -> int:

@@ -5,6 +5,7 @@ verdict read back afterwards. Used by ``test_faults.py`` and ``benchmarks/soak_g
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,10 @@ __all__ = [
     "FleetAgent",
     "GuardProc",
     "cancel_tenant",
+    "end_fleet",
     "free_port",
     "listed",
+    "running",
     "store_verdict",
     "tally",
     "wait_until",
@@ -192,6 +196,30 @@ def cancel_tenant(address: str, tenant: str) -> list[str]:
         timeout=30,
     )
     return list(json.loads(out.stdout)["cancelled"])
+
+
+@contextlib.contextmanager
+def running(guard: GuardProc, agents: list[FleetAgent]) -> Iterator[None]:
+    """Whatever happens inside: the agents are killed and the guard stopped (drained)."""
+    try:
+        yield
+    finally:
+        for a in agents:
+            a.kill()
+        guard.stop()
+
+
+def end_fleet(address: str, agents: list[FleetAgent], bounded: int) -> dict[str, Any]:
+    """Let every agent's bounded runs finish, cancel each tenant's idle runs with the CLI,
+    and wait for every agent to exit cleanly. Returns the cancelled run ids by tenant and
+    how many records the SDKs reported they could not deliver at shutdown."""
+    for a in agents:
+        wait_until(lambda a=a: len(a.ended()) >= bounded, 120, f"{a.tenant} bounded runs")
+    cancelled = {t: cancel_tenant(address, t) for t in sorted({a.tenant for a in agents})}
+    undelivered = sum(
+        a.finish(60)["stats"].get("control_records_unacknowledged", 0) for a in agents
+    )
+    return {"cancelled": cancelled, "undelivered": undelivered}
 
 
 def store_verdict(data_dir: Path) -> dict[str, Any]:

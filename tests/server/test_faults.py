@@ -15,22 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from ._faults import (
-    FleetAgent,
-    GuardProc,
-    cancel_tenant,
-    free_port,
-    listed,
-    store_verdict,
-    tally,
-    wait_until,
-)
+from . import _faults as F
+from ._faults import FleetAgent, GuardProc, end_fleet, free_port, listed, running, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def _check_records(agents: list[FleetAgent], verdict: dict, *, idle_reason: str) -> None:
-    t = tally(agents, verdict, idle_reason=idle_reason)
+    t = F.tally(agents, verdict, idle_reason=idle_reason)
     assert t["runs"] > 0
     # lost, rows twice (FINAL, by run id), rows nobody started, anonymous rows, early stops
     assert all(t[k] == 0 for k in t["examples"]), t
@@ -39,14 +31,10 @@ def _check_records(agents: list[FleetAgent], verdict: dict, *, idle_reason: str)
     assert t["mv_surplus"] == 0, t
 
 
-def _no_undelivered(done: dict) -> None:
-    assert "control_records_unacknowledged" not in done["stats"], done["stats"]
-
-
 def test_guard_sigkill_mid_fleet_and_fast_restart_twice(tmp_path: Path) -> None:
     guard = GuardProc(free_port(), tmp_path / "guard").start()
     agents = [FleetAgent(guard.address, t, bounded=6, idle=1) for t in ("acme", "globex")]
-    try:
+    with running(guard, agents):
         for a in agents:
             a.go()
         for kill in range(2):
@@ -65,34 +53,25 @@ def test_guard_sigkill_mid_fleet_and_fast_restart_twice(tmp_path: Path) -> None:
                 return ok and all(seen[r].tenant and seen[r].agent for r in want)
 
             wait_until(relisted, 20, "the live runs to be listed again")
-        for a in agents:  # the bounded runs end by themselves
-            wait_until(lambda a=a: len(a.ended()) >= 6, 60, f"{a.tenant} bounded runs")
-        for a in agents:
+        ended = end_fleet(guard.address, agents, bounded=6)
+        for a in agents:  # every idle run, re-registered, is reached by cancel --tenant
             idle = {r for r, k in a.started().items() if k == "idle"}
-            assert set(cancel_tenant(guard.address, a.tenant)) == idle
-        for a in agents:
-            _no_undelivered(a.finish())
-    finally:
-        for a in agents:
-            a.kill()
-        guard.stop()
-    _check_records(agents, store_verdict(guard.data_dir), idle_reason="operator_cancel")
+            assert set(ended["cancelled"][a.tenant]) == idle
+        assert ended["undelivered"] == 0
+    _check_records(agents, F.store_verdict(guard.data_dir), idle_reason="operator_cancel")
 
 
 def test_agent_sigkill_ends_its_runs_as_agent_lost_once(tmp_path: Path) -> None:
     guard = GuardProc(free_port(), tmp_path / "guard", grace_s=1.0).start()
     a = FleetAgent(guard.address, "acme", bounded=2, idle=2)
-    try:
+    with running(guard, [a]):
         a.go()
         wait_until(lambda: len(a.ended()) >= 2, 60, "the bounded runs")
         idle = {r for r, k in a.started().items() if k == "idle"}
         wait_until(lambda: idle <= set(listed(guard.address)), 20, "idle runs listed")
         a.kill()
         wait_until(lambda: not (idle & set(listed(guard.address))), 30, "agent_lost")
-    finally:
-        a.kill()
-        guard.stop()
-    _check_records([a], store_verdict(guard.data_dir), idle_reason="agent_lost")
+    _check_records([a], F.store_verdict(guard.data_dir), idle_reason="agent_lost")
 
 
 def test_store_outage_spools_every_record_and_replays_it_once(tmp_path: Path) -> None:
@@ -101,16 +80,8 @@ def test_store_outage_spools_every_record_and_replays_it_once(tmp_path: Path) ->
     closed = free_port()
     guard = GuardProc(free_port(), tmp_path / "guard", dsn=f"http://127.0.0.1:{closed}/").start()
     agents = [FleetAgent(guard.address, t, bounded=4, idle=1) for t in ("acme", "globex")]
-    try:
+    with running(guard, agents):
         for a in agents:
             a.go()
-        for a in agents:
-            wait_until(lambda a=a: len(a.ended()) >= 4, 60, f"{a.tenant} bounded runs")
-            cancel_tenant(guard.address, a.tenant)
-        for a in agents:
-            _no_undelivered(a.finish())
-    finally:
-        for a in agents:
-            a.kill()
-        guard.stop()
-    _check_records(agents, store_verdict(guard.data_dir), idle_reason="operator_cancel")
+        assert end_fleet(guard.address, agents, bounded=4)["undelivered"] == 0
+    _check_records(agents, F.store_verdict(guard.data_dir), idle_reason="operator_cancel")
