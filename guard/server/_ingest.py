@@ -75,7 +75,6 @@ _AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
 _BEFORE_STEP = Phase.BEFORE_STEP
 _RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
-PROVISIONAL_SPANS_MAX = 256  # spans a provisional run keeps until its agent re-registers
 
 
 def _flush(touched: dict[RunState, list[Any]], spent: dict[str, Usage]) -> None:
@@ -326,37 +325,6 @@ class Ingest:
             run.seq_gate = []
         return run
 
-    def _gate(self, run: RunState, o: Observation) -> bool:
-        """Whether a counted span of a gated run is *not* to be counted now (see
-        ``RunState.seq_gate``): a provisional run keeps it for its agent's registration
-        (bounded, then counted as dropped); a re-registered run skips it when the snapshot
-        already holds it (``guard.seq <= span_seq``) or it was counted since (a retry)."""
-        gate = run.seq_gate
-        if type(gate) is list:
-            run.touched_at = self.clock()
-            if not run.tenant and o[TENANT]:
-                self._set_tenant(run, o[TENANT])
-            if len(gate) < PROVISIONAL_SPANS_MAX:
-                gate.append(o)
-            else:
-                self.stats["provisional_spans_dropped"] += 1
-            return True
-        seq = o[SEQ]
-        if seq is not None and gate.seen(seq):
-            self.stats["replayed_spans"] += 1
-            return True
-        return False
-
-    def _set_tenant(self, run: RunState, tenant: str) -> None:
-        """A provisional run learns its tenant from a later span (a step span carries it)."""
-        ids = self.by_tenant.get(run.tenant)
-        if ids is not None:
-            ids.discard(run.run_id)
-            if not ids:
-                del self.by_tenant[run.tenant]
-        run.tenant = tenant
-        self.by_tenant.setdefault(tenant, set()).add(run.run_id)
-
     def _duplicate(self, run: RunState, o: Observation) -> bool:
         """True when this model span is a call already counted (see ``SeenCalls``); else
         remembers it. Only for foreign spans, spans with a response id, or runs that have
@@ -405,9 +373,10 @@ class Ingest:
             by = DecidedBy.SDK
         self.end_run(run, status, reason, "from the run span (no control stream)", by)
 
-    # provided by Registry / Decisions
-    by_tenant: dict[str, set[str]]
+    # provided by Registry / Decisions / Rejoin
     clock: Any
+    _gate: Any
+    _set_tenant: Any
     act: Any
     forecast: Any
     tenant_cut: Any

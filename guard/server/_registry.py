@@ -31,10 +31,10 @@ from guard.policy import (
 )
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions
-from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import Ingest
 from guard.server._lifecycle import Lifecycle
+from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
 from guard.server._tenants import Tenants
@@ -45,7 +45,6 @@ from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
 __all__ = ["Registry"]
 
 _MAX_ID = 256
-_MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that many)
 
 
 def _trace_bytes(hex_id: str) -> bytes:
@@ -60,7 +59,7 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
-class Registry(Ingest, Decisions, Lifecycle):
+class Registry(Ingest, Decisions, Lifecycle, Rejoin):
     """Per-run state for one guard process."""
 
     def __init__(
@@ -297,32 +296,6 @@ class Registry(Ingest, Decisions, Lifecycle):
             self.span_only[run_id] = run
         return run
 
-    def _restore_usage(self, run: RunState, u: Any) -> None:
-        """Set (never add) the run's own counters from its agent's snapshot. A parent's
-        snapshot already holds its children's usage (the SDK reads a run tree at one
-        instant), so adding through the parent chain would count the children twice; for
-        the same reason only a root run's usage goes to the tenant's windows."""
-        run.budget.restore(u)
-        run.tokens_used = u.input_tokens + u.output_tokens
-        run.cost_used = u.cost_usd or 0.0
-        if run.parent is None:
-            self.tenants.record(run.tenant, u)
-
-    def _adopt(self, run: RunState, waiting: RunState, principal: Principal) -> None:
-        """The agent registered a run that spans had created first (provisional): count the
-        spans it kept that the registration's snapshot does not hold, and carry over an
-        operator's cancel (it reaches the agent now)."""
-        self.stats["adopted_runs"] += 1
-        kept = waiting.seq_gate if type(waiting.seq_gate) is list else []
-        if kept:
-            decoded = Decoded()
-            decoded.observations = kept
-            self.ingest(decoded, principal)  # gated by run.seq_gate: each span counted once
-        if waiting.stop_by is DecidedBy.OPERATOR and run.stop_reason is None:
-            self.stop_run(
-                run, Reason.OPERATOR_CANCEL, waiting.stop_detail, None, None, DecidedBy.OPERATOR
-            )
-
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
         body = pb.Admit(
             run_id=run.run_id,
@@ -372,21 +345,6 @@ class Registry(Ingest, Decisions, Lifecycle):
         self._ended_elsewhere(hello.ended_runs, tenant)
         for rs in hello.live_runs:
             self.register(session, rs, principal, restoring=True)
-
-    def _ended_elsewhere(self, run_ids: Any, tenant: str) -> None:
-        """Hello.ended_runs: runs whose records a guard (maybe this one before a restart)
-        acknowledged. A provisional run for one of them (the exporter retried its spans) is
-        dropped without a record, and later spans of it are late spans. Only the caller's
-        tenant's runs are touched; a live registered run is left alone."""
-        for run_id in run_ids[:_MAX_ENDED_IN_HELLO]:
-            if not run_id or len(run_id) > _MAX_ID or run_id in self.ended:
-                continue
-            run = self.runs.get(run_id)
-            if run is not None:
-                if not run.provisional or (run.tenant and run.tenant != tenant):
-                    continue
-                self._forget(run)
-            self._remember_ended(run_id)
 
     def detach(self, session: AgentSession) -> None:
         """The stream dropped: keep its runs for ``agent_grace_s``, then agent_lost."""
