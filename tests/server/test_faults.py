@@ -33,13 +33,19 @@ def _check_records(agents: list[FleetAgent], verdict: dict, *, idle_reason: str)
 
 def test_guard_sigkill_mid_fleet_and_fast_restart_twice(tmp_path: Path) -> None:
     guard = GuardProc(free_port(), tmp_path / "guard").start()
-    agents = [FleetAgent(guard.address, t, bounded=6, idle=1) for t in ("acme", "globex")]
+    agents = [FleetAgent(guard.address, t, bounded=8, idle=1) for t in ("acme", "globex")]
     with running(guard, agents):
         for a in agents:
             a.go()
         for kill in range(2):
-            # mid-fleet: both idle runs live and bounded runs in flight
-            wait_until(lambda: sum(len(a.live()) for a in agents) >= 4, 30, "live runs")
+            # mid-fleet: both idle runs live and bounded runs in flight (on a loaded machine
+            # the bounded runs may all be over before the second kill: then idle runs only)
+            def mid_fleet() -> bool:
+                live = sum(len(a.live()) for a in agents)
+                done = all(len(a.ended()) >= 8 for a in agents)
+                return live >= 3 or (done and live >= 2)
+
+            wait_until(mid_fleet, 30, "live runs")
             time.sleep(0.2 + 0.3 * kill)
             guard.kill()
             time.sleep(0.5)  # a fast restart (the soak script also waits ~1 s and ~5 s)
@@ -53,7 +59,7 @@ def test_guard_sigkill_mid_fleet_and_fast_restart_twice(tmp_path: Path) -> None:
                 return ok and all(seen[r].tenant and seen[r].agent for r in want)
 
             wait_until(relisted, 20, "the live runs to be listed again")
-        ended = end_fleet(guard.address, agents, bounded=6)
+        ended = end_fleet(guard.address, agents, bounded=8)
         for a in agents:  # every idle run, re-registered, is reached by cancel --tenant
             idle = {r for r, k in a.started().items() if k == "idle"}
             assert set(ended["cancelled"][a.tenant]) == idle
