@@ -118,6 +118,9 @@ class Lifecycle:
 
     def _forget(self, run: RunState) -> None:
         rid = run.run_id
+        if run.provisional:  # the spans it held for its agent (Rejoin._gate)
+            self.provisional_spans -= len(run.seq_gate)  # type: ignore[arg-type]
+            run.seq_gate = None
         self.runs.pop(rid, None)
         self.detached.pop(rid, None)
         self.span_only.pop(rid, None)

@@ -83,6 +83,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         self.span_only: dict[str, RunState] = {}
         self.sessions: set[AgentSession] = set()
         self.ended: OrderedDict[str, None] = OrderedDict()
+        self.provisional_spans = 0  # held by provisional runs (see _rejoin)
         self.max_runs = int(config.guard.max_tracked_runs)
         self.grace_s = float(config.guard.agent_grace_s)
         self.stats: dict[str, int] = {
@@ -157,6 +158,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             raise InvalidInput("tenant/agent longer than 256 chars")
         run = self.runs.get(rs.run_id)
         waiting: RunState | None = None
+        kept: Any = None
         if run is not None:
             principal.check_tenant(run.tenant)
             if not run.provisional:
@@ -165,8 +167,8 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
                 return
             # Spans got here first: the agent's identity, limits and counters replace the
             # guard's guess; the spans it kept are counted below, above the snapshot's floor.
-            waiting = run
-            self._forget(run)
+            waiting, kept = run, run.seq_gate
+            self._forget(run)  # releases what it held (kept here)
         if rs.run_id in self.ended:
             if restoring:  # ended while its agent was away (agent_lost): tell it so
                 session.directive(
@@ -229,7 +231,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             run.seq_gate = SeqGate(rs.span_seq if restoring else 0)
         self._admit_msg(session, run, rs.request_id)
         if waiting is not None:
-            self._adopt(run, waiting, principal)
+            self._adopt(run, waiting, kept, principal)
         if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,

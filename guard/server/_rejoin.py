@@ -22,9 +22,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._decode import Observation
     from guard.server._state import RunState
 
-__all__ = ["PROVISIONAL_SPANS_MAX", "Rejoin"]
+__all__ = ["PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "Rejoin"]
 
 PROVISIONAL_SPANS_MAX = 256  # spans a provisional run keeps until its agent registers it
+# ... and all provisional runs together (~330 B each: ~65 MB), so numbered spans of made-up
+# run ids cannot grow the guard without bound
+PROVISIONAL_SPANS_TOTAL = 200_000
 _MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that many)
 _MAX_ID = 256
 
@@ -33,6 +36,7 @@ class Rejoin:
     """Re-registration and provisional runs (mixin; expects the Registry's attributes)."""
 
     runs: dict[str, RunState]
+    provisional_spans: int  # spans held by all provisional runs (Lifecycle._forget releases)
     by_tenant: dict[str, set[str]]
     ended: Any
     stats: dict[str, int]
@@ -54,12 +58,11 @@ class Rejoin:
         if run.parent is None:
             self.tenants.record(run.tenant, u)
 
-    def _adopt(self, run: RunState, waiting: RunState, principal: Principal) -> None:
+    def _adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
         """The agent registered a run that spans had created first (provisional): count the
         spans it kept that the registration's snapshot does not hold, and carry over an
         operator's cancel (it reaches the agent now)."""
         self.stats["adopted_runs"] += 1
-        kept = waiting.seq_gate if type(waiting.seq_gate) is list else []
         if kept:
             decoded = Decoded()
             decoded.observations = kept
@@ -94,8 +97,12 @@ class Rejoin:
             run.touched_at = self.clock()
             if not run.tenant and o[TENANT]:
                 self._set_tenant(run, o[TENANT])
-            if len(gate) < PROVISIONAL_SPANS_MAX:
+            if (
+                len(gate) < PROVISIONAL_SPANS_MAX
+                and self.provisional_spans < PROVISIONAL_SPANS_TOTAL
+            ):
                 gate.append(o)
+                self.provisional_spans += 1
             else:
                 self.stats["provisional_spans_dropped"] += 1
             return True

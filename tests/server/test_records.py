@@ -186,3 +186,18 @@ async def guard_call(fn, *args, **kw):
     import asyncio
 
     return await asyncio.to_thread(fn, *args, **kw)
+
+
+async def test_provisional_spans_are_bounded_in_total(sink, guard, monkeypatch):
+    from guard.server import _rejoin
+
+    monkeypatch.setattr(_rejoin, "PROVISIONAL_SPANS_TOTAL", 3)
+    reg = guard.registry
+    agent = Agent(guard.address)
+    await agent.export(*_numbered("m1", trace_id_of(9), range(1, 5)))
+    await agent.export(*_numbered("m2", trace_id_of(10), range(1, 5)))
+    assert reg.provisional_spans == 3 and reg.stats["provisional_spans_dropped"] == 5
+    await agent.connect(ended_runs=["m1", "m2"])  # dropping them releases what they held
+    assert await eventually(lambda: reg.provisional_spans == 0)
+    assert not {"m1", "m2"} & set(reg.runs)
+    await agent.close()
