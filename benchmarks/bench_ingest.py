@@ -14,7 +14,10 @@ spans/s/core = spans sent / CPU seconds (user + system) of the receiving process
 its CPU clock (``clock_getcpuclockid``; ``/proc/<pid>/stat`` ticks as the fallback). Prints
 JSON. Goals: guard >= 100k spans/s/core and >= 0.25x the floor.
 
-    python benchmarks/bench_ingest.py [--requests 300] [--concurrency 8] [--no-rotel]
+    python benchmarks/bench_ingest.py [--requests 300] [--concurrency 8] [--no-rotel] [--numbered]
+
+``--numbered``: every counted span carries its record number (``guard.seq``), as the SDK's
+spans do when it has a control stream.
 """
 
 from __future__ import annotations
@@ -74,8 +77,16 @@ def _hex(*parts: int) -> str:
     return hashlib.md5(repr(parts).encode()).hexdigest()  # fingerprint-shaped test data
 
 
-def build_requests() -> list[bytes]:
+def build_requests(numbered: bool = False) -> list[bytes]:
     out = []
+    seqs = [0] * RUNS
+
+    def seq(run: int) -> list[common_pb2.KeyValue]:
+        if not numbered:
+            return []
+        seqs[run] += 1
+        return [_kv("guard.seq", seqs[run])]
+
     for k in range(DISTINCT_REQUESTS):
         spans = []
         for j in range(STEPS_PER_REQUEST):
@@ -97,6 +108,7 @@ def build_requests() -> list[bytes]:
                         _kv("gen_ai.request.model", "gpt-4.1"),
                         _kv("gen_ai.usage.input_tokens", 1000 + j),
                         _kv("gen_ai.usage.output_tokens", 100),
+                        *seq(run),
                     ],
                 )
             )
@@ -114,6 +126,7 @@ def build_requests() -> list[bytes]:
                             _kv("guard.action.fingerprint", _hex(n, t, 7)),
                             _kv("guard.result.hash", _hex(n, t, 9)),
                             _kv("guard.tool.attempts", 1),
+                            *seq(run),
                         ],
                     )
                 )
@@ -127,6 +140,7 @@ def build_requests() -> list[bytes]:
                         _kv("guard.step.index", k + 1),
                         _kv("guard.progress", True),
                         _kv("guard.state.hash", _hex(n, 11)),
+                        *seq(run),
                     ],
                 )
             )
@@ -265,6 +279,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--no-rotel", action="store_true")
+    parser.add_argument("--numbered", action="store_true", help="guard.seq on the spans")
     parser.add_argument("--role", choices=["floor"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -272,7 +287,7 @@ def main() -> None:
         asyncio.run(_floor(args.port))
         return
 
-    payloads = build_requests()
+    payloads = build_requests(args.numbered)
     py = sys.executable
     results = []
     procs: list[subprocess.Popen] = []
@@ -317,6 +332,7 @@ def main() -> None:
     g, f = by["guard"]["spans_per_s_per_core"], by["floor"]["spans_per_s_per_core"]
     out = {
         "benchmark": "ingest",
+        "numbered": args.numbered,
         "cores": os.cpu_count(),
         "request_spans": STEPS_PER_REQUEST * 4,
         "live_runs": RUNS,

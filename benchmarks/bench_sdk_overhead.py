@@ -12,7 +12,10 @@ computed cost, 1-based step index, provider name; fingerprints precomputed outsi
 loop), checked on a separate provider before timing (``same_spans``). The guard side's tool
 arguments are new in every round, so its canonicalisation cache is not flattered by repeats.
 
-    .venv/bin/python benchmarks/bench_sdk_overhead.py [--steps 2000] [--rounds 7]
+    .venv/bin/python benchmarks/bench_sdk_overhead.py [--steps 2000] [--rounds 7] [--numbered]
+
+``--numbered``: the spans carry their record numbers (``guard.seq``), as they do when the SDK
+has a control stream to a guard; the plain side then emits the same attribute too.
 
 The headline runs the install as shipped: the native fast paths of guard/policy/_speedups.c
 when a C compiler built them (``native``). The same run also measures the pure-Python
@@ -42,6 +45,7 @@ from opentelemetry.trace import SpanKind
 import guard
 from guard.policy import DEFAULT_PRICE_BOOK, _fingerprint, _loops
 from guard.sdk._config import reset
+from guard.sdk._runtime import get_runtime
 
 _NATIVE_BUILT = _fingerprint._NATIVE  # the native fast paths, or None when not built
 
@@ -56,6 +60,15 @@ class NullExporter(SpanExporter):
 
     def shutdown(self) -> None:
         return None
+
+
+NUMBERED = False  # --numbered: guard.seq on the counted spans, both sides
+
+
+def _seq(attrs: dict[str, Any], seq: int) -> dict[str, Any]:
+    if NUMBERED:
+        attrs["guard.seq"] = seq
+    return attrs
 
 
 def guarded_steps(n: int, base: int = 0) -> float:
@@ -101,11 +114,10 @@ def plain_steps(tracer: trace.Tracer, n: int) -> float:
         step = tracer.start_span(
             "guard.step",
             context=run_ctx,
-            attributes={
-                "guard.run.id": run_id,
-                "guard.tenant": "default",
-                "guard.step.index": i + 1,
-            },
+            attributes=_seq(
+                {"guard.run.id": run_id, "guard.tenant": "default", "guard.step.index": i + 1},
+                3 * i + 1,
+            ),
         )
         ctx = trace.set_span_in_context(step)
         tok = otel_context.attach(ctx)
@@ -113,30 +125,36 @@ def plain_steps(tracer: trace.Tracer, n: int) -> float:
             "chat gpt-4.1",
             context=ctx,
             kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": "gpt-4.1",
-                "gen_ai.usage.input_tokens": 1200 + i,
-                "gen_ai.usage.output_tokens": 90,
-                "gen_ai.usage.cache_read.input_tokens": 0,
-                "gen_ai.usage.reasoning.output_tokens": 0,
-                "guard.run.id": run_id,
-                "gen_ai.provider.name": "openai",
-                "guard.cost.usd": costs[i],
-            },
+            attributes=_seq(
+                {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": "gpt-4.1",
+                    "gen_ai.usage.input_tokens": 1200 + i,
+                    "gen_ai.usage.output_tokens": 90,
+                    "gen_ai.usage.cache_read.input_tokens": 0,
+                    "gen_ai.usage.reasoning.output_tokens": 0,
+                    "guard.run.id": run_id,
+                    "gen_ai.provider.name": "openai",
+                    "guard.cost.usd": costs[i],
+                },
+                3 * i + 2,
+            ),
         ).end()
         tracer.start_span(
             "execute_tool search",
             context=ctx,
             kind=SpanKind.INTERNAL,
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": "search",
-                "guard.action.fingerprint": fp,
-                "guard.tool.attempts": 1,
-                "guard.run.id": run_id,
-                "guard.result.hash": rh,
-            },
+            attributes=_seq(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search",
+                    "guard.action.fingerprint": fp,
+                    "guard.tool.attempts": 1,
+                    "guard.run.id": run_id,
+                    "guard.result.hash": rh,
+                },
+                3 * i + 3,
+            ),
         ).end()
         step.set_attributes({"guard.progress": True, "guard.action.fingerprint": fp})
         step.end()
@@ -179,6 +197,7 @@ def check_same_spans() -> bool:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(mem))
     guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")
+    get_runtime().number_spans = NUMBERED
     guarded_steps(3)
     g = _shape(mem.get_finished_spans())
     mem.clear()
@@ -206,6 +225,8 @@ def idiomatic_steps(tracer: trace.Tracer, n: int) -> float:
                 step.set_attribute("guard.run.id", run_id)
                 step.set_attribute("guard.tenant", "default")
                 step.set_attribute("guard.step.index", i + 1)
+                if NUMBERED:
+                    step.set_attribute("guard.seq", 3 * i + 1)
                 with tracer.start_as_current_span("chat gpt-4.1", kind=SpanKind.CLIENT) as m:
                     m.set_attribute("gen_ai.operation.name", "chat")
                     m.set_attribute("gen_ai.request.model", "gpt-4.1")
@@ -216,6 +237,8 @@ def idiomatic_steps(tracer: trace.Tracer, n: int) -> float:
                     m.set_attribute("guard.run.id", run_id)
                     m.set_attribute("gen_ai.provider.name", "openai")
                     m.set_attribute("guard.cost.usd", costs[i])
+                    if NUMBERED:
+                        m.set_attribute("guard.seq", 3 * i + 2)
                 with tracer.start_as_current_span("execute_tool search") as t:
                     t.set_attribute("gen_ai.operation.name", "execute_tool")
                     t.set_attribute("gen_ai.tool.name", "search")
@@ -223,6 +246,8 @@ def idiomatic_steps(tracer: trace.Tracer, n: int) -> float:
                     t.set_attribute("guard.tool.attempts", 1)
                     t.set_attribute("guard.run.id", run_id)
                     t.set_attribute("guard.result.hash", rh)
+                    if NUMBERED:
+                        t.set_attribute("guard.seq", 3 * i + 3)
                 step.set_attribute("guard.progress", True)
                 step.set_attribute("guard.action.fingerprint", fp)
         return time.perf_counter() - t0
@@ -325,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--numbered", action="store_true", help="guard.seq on the spans")
     args = ap.parse_args(argv)
+    global NUMBERED
+    NUMBERED = args.numbered
 
     same = check_same_spans()
     exporter = NullExporter()
@@ -336,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     def configure(native: bool) -> None:
         set_native(native)
         guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")
+        get_runtime().number_spans = NUMBERED  # what a control stream turns on
         guarded_steps(200, base=-1000)  # warm-up both paths
         plain_steps(tracer, 200)
 
@@ -352,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps_per_round": args.steps,
         "rounds": args.rounds,
         "spans_per_step": 3,
+        "numbered": NUMBERED,
         "native": _NATIVE_BUILT is not None,
         "us_per_step_guard": round(main_["guard"], 2),
         "us_per_step_otel": round(main_["otel"], 2),

@@ -22,6 +22,7 @@ from guard.policy._hotpath import HotPaths
 from guard.policy._reservation import Reservation, plain_counts, plain_money
 from guard.policy._reservation import check_count as _count
 from guard.policy._reservation import check_money as _money
+from guard.policy._restore import Restorable
 from guard.policy._types import Decision, Limits, Phase, Reason, Usage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +46,7 @@ class Remaining:
     model_calls: int | None = None
 
 
-class Budget(HotPaths):
+class Budget(HotPaths, Restorable):
     """Thread-safe per-run budget (one lock shared by the whole parent chain).
 
     ``clock`` is a monotonic clock in seconds (injected for tests). A ``parent`` budget (the
@@ -63,6 +64,7 @@ class Budget(HotPaths):
         "_paused_total",
         "_reservations",
         "_reserved",
+        "_seq",
         "_started",
         "_trig",
         "_usage",
@@ -80,6 +82,10 @@ class Budget(HotPaths):
         self._parent = parent
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
         self._usage = Usage()
+        # Counted records of *this* budget (not its nested runs'), numbered under the lock:
+        # the SDK puts the number on the span (``guard.seq``) so a restarted guard can tell
+        # which spans a re-registration snapshot already holds (see ``snapshot``).
+        self._seq = 0
         self._reserved = Usage()
         self._reservations: list[Reservation] = []
         self._started = clock()
@@ -118,12 +124,15 @@ class Budget(HotPaths):
             b = b._parent
         return out
 
-    def record_step(self) -> None:
+    def record_step(self) -> int:
+        """One step; returns its record number (:attr:`seq`)."""
         with self._lock:
             b: Budget | None = self
             while b is not None:
                 b._usage.steps += 1
                 b = b._parent
+            self._seq += 1
+            return self._seq
 
     def record_model_call(
         self,
@@ -133,8 +142,9 @@ class Budget(HotPaths):
         reasoning_tokens: int = 0,
         cached_tokens: int = 0,
         cost_usd: float | None = None,
-    ) -> None:
-        """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning."""
+    ) -> int:
+        """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning.
+        Returns its record number."""
         # Hot path (every model span the guard ingests): plain non-negative ints pass on one
         # exact type test; anything else gets the full check (and its error message).
         if not plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens):
@@ -152,12 +162,14 @@ class Budget(HotPaths):
             self._add_model_call_locked(
                 input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost
             )
+            return self._seq
 
     def _add_model_call_locked(
         self, input_tokens: int, output_tokens: int, reasoning: int, cached: int, cost: float | None
     ) -> None:
         """Apply validated model-call usage to the whole chain (hot path: plain field
-        increments, no temporary Usage objects). Caller holds the lock."""
+        increments, no temporary Usage objects) and number it. Caller holds the lock."""
+        self._seq += 1
         b: Budget | None = self
         while b is not None:
             u = b._usage
@@ -172,8 +184,9 @@ class Budget(HotPaths):
 
     def record_tool_calls(
         self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None
-    ) -> None:
-        """``n`` tool calls; ``attempts`` counts retries too (defaults to ``n``)."""
+    ) -> int:
+        """``n`` tool calls; ``attempts`` counts retries too (defaults to ``n``). Returns the
+        record number (one per call of this method)."""
         if type(n) is not int or n < 0:
             n = _count("tool_calls", n)
         if attempts is None:
@@ -190,6 +203,8 @@ class Budget(HotPaths):
                 if cost is not None:
                     u.cost_usd = (u.cost_usd or 0.0) + cost
                 b = b._parent
+            self._seq += 1
+            return self._seq
 
     # -- reservations ---------------------------------------------------------------------
     def reserve(

@@ -94,17 +94,19 @@ class HotPaths:
     # SoftLevel; each method is exactly its record_* call followed by decide_quick(), made
     # atomic.
 
-    def step_if_quiet(self, rank: int = 0) -> bool:
+    def step_if_quiet(self, rank: int = 0) -> int:
         """``record_step()`` if ``decide_quick(BEFORE_STEP)`` would return ``None``; returns
-        whether it recorded. ``False``: nothing recorded, the caller decides in full first."""
+        the step's record number (``seq``, >= 1). ``0``: nothing recorded, the caller decides
+        in full first."""
         with self._lock:
             if not self._quiet_locked(rank):
-                return False
+                return 0
             b: Budget | None = self
             while b is not None:
                 b._usage.steps += 1
                 b = b._parent
-            return True
+            self._seq += 1
+            return self._seq
 
     def model_call_quick(
         self,
@@ -114,13 +116,14 @@ class HotPaths:
         cached_tokens: int,
         cost_usd: float | None,
         rank: int = 0,
-    ) -> Decision | None:
-        """``record_model_call(...)`` then ``decide_quick(AFTER_MODEL_CALL)``, atomically."""
+    ) -> tuple[int, Decision | None]:
+        """``record_model_call(...)`` then ``decide_quick(AFTER_MODEL_CALL)``, atomically.
+        Returns ``(record number, decision or None)``."""
         if not (
             plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
             and (cost_usd is None or plain_money(cost_usd))
         ):
-            self.record_model_call(  # validates (raises) and records
+            seq = self.record_model_call(  # validates (raises) and records
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
                 reasoning_tokens=reasoning_tokens,
@@ -128,14 +131,14 @@ class HotPaths:
                 cost_usd=cost_usd,
             )
             with self._lock:
-                return self._quick_locked(_AFTER_MODEL, None, rank)
+                return seq, self._quick_locked(_AFTER_MODEL, None, rank)
         with self._lock:
             self._add_model_call_locked(
                 input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
             )
             if self._quiet_locked(rank):
-                return None
-            return _decide(
+                return self._seq, None
+            return self._seq, _decide(
                 self._limits,
                 self._usage,
                 elapsed_s=self._elapsed_locked(),
@@ -149,13 +152,13 @@ class HotPaths:
         cost_usd: float | None,
         loop: LoopVerdict | None,
         rank: int = 0,
-    ) -> Decision | None:
+    ) -> tuple[int, Decision | None]:
         """``record_tool_calls(1, ...)`` then ``decide_quick(AFTER_TOOL_BATCH, loop)``,
-        atomically."""
+        atomically. Returns ``(record number, decision or None)``."""
         if type(attempts) is not int or attempts < 0 or cost_usd is not None:
-            self.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
+            seq = self.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
             with self._lock:
-                return self._quick_locked(_AFTER_TOOLS, loop, rank)
+                return seq, self._quick_locked(_AFTER_TOOLS, loop, rank)
         with self._lock:
             b: Budget | None = self
             while b is not None:
@@ -163,6 +166,7 @@ class HotPaths:
                 u.tool_calls += 1
                 u.tool_attempts += attempts
                 b = b._parent
+            self._seq += 1
             if loop is None and self._quiet_locked(rank):
-                return None
-            return self._quick_locked(_AFTER_TOOLS, loop, rank)
+                return self._seq, None
+            return self._seq, self._quick_locked(_AFTER_TOOLS, loop, rank)

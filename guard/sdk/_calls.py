@@ -35,7 +35,7 @@ _CLIENT, _INTERNAL = SpanKind.CLIENT, SpanKind.INTERNAL
 _AFTER_TOOLS, _CONTINUE = Phase.AFTER_TOOL_BATCH, Action.CONTINUE
 # Hot path (every tool call): module-level names instead of attribute lookups.
 _OPERATION, _TOOL_NAME, _ACTION_FP = A.OPERATION, A.TOOL_NAME, A.ACTION_FP
-_TOOL_ATTEMPTS, _RUN_ID, _RESULT_HASH = A.TOOL_ATTEMPTS, A.RUN_ID, A.RESULT_HASH
+_TOOL_ATTEMPTS, _RUN_ID, _RESULT_HASH, _SEQ = A.TOOL_ATTEMPTS, A.RUN_ID, A.RESULT_HASH, A.SEQ
 
 
 _PROVIDERS = (  # gen_ai.provider.name inferred from well-known model families
@@ -164,8 +164,9 @@ def record_tool_call(
         and type(attempts) is int
         and attempts >= 0
     )
+    seq = 0
     if not quick:
-        run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
+        seq = run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
         if reservation is not None:
             reservation.release()  # after recording: the slot is never free twice
     with run._lock:  # the loop detector is single-caller; parallel tools share it
@@ -176,7 +177,7 @@ def record_tool_call(
             run.did_work = True
     d = None
     if quick:
-        d = run.budget.tool_calls_quick(
+        seq, d = run.budget.tool_calls_quick(
             attempts, None, verdict if verdict.level is not _CONTINUE else None, run.soft._level
         )
     if step is not None:
@@ -188,6 +189,8 @@ def record_tool_call(
         _TOOL_ATTEMPTS: attempts,
         _RUN_ID: run.run_id,
     }
+    if run.numbered:
+        attrs[_SEQ] = seq
     if call_id:
         attrs[A.TOOL_CALL_ID] = call_id
     if result_hash is not None:

@@ -25,7 +25,9 @@ ENV = {
     "tls_ca_file": "OTEL_GUARD_TLS_CA_FILE",
     "tls_cert_file": "OTEL_GUARD_TLS_CERT_FILE",
     "tls_key_file": "OTEL_GUARD_TLS_KEY_FILE",
+    "shutdown_ack_timeout_s": "OTEL_GUARD_SHUTDOWN_ACK_TIMEOUT_S",
 }
+_NUMBERS_FROM_ENV = ("shutdown_ack_timeout_s",)
 _TLS_FILES = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 SPAN_EXPORT_MODES = ("direct", "none")
 
@@ -62,7 +64,12 @@ class Settings:
       tracer_provider: an explicit OpenTelemetry SDK TracerProvider; default: the global one
         when it is an SDK provider, else a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
-      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream.
+      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream
+        (the cap is 1 s so a restarted guard sees its agents back within about a second).
+      shutdown_ack_timeout_s: how long ``guard.shutdown()`` (and interpreter exit) waits for
+        the guard to acknowledge every termination record, reconnecting and resending
+        meanwhile; the run ids still unacknowledged then are named in one warning line.
+        ``0`` does not wait.
       span_export: how the guard gets the spans. ``"direct"`` (default): the SDK attaches its
         own low-latency OTLP exporter (to ``span_endpoint``, else ``endpoint``). ``"none"``:
         the application's own OpenTelemetry pipeline (e.g. a collector) already delivers the
@@ -92,7 +99,8 @@ class Settings:
     tracer_provider: Any = field(default=None, repr=False)
     price_book: Any = field(default=None, repr=False)
     reconnect_min_s: float = 0.1
-    reconnect_max_s: float = 5.0
+    reconnect_max_s: float = 1.0
+    shutdown_ack_timeout_s: float = 5.0
     span_export: str = "direct"
     span_endpoint: str | None = None
     tls_ca_file: str | None = None
@@ -221,7 +229,15 @@ def _validate(s: Settings) -> Settings:
             "tls_cert_file and tls_key_file go together (a client certificate needs its key)",
             path="tls_cert_file" if kw["tls_cert_file"] is None else "tls_key_file",
         )
+    for name in _NUMBERS_FROM_ENV:
+        v = getattr(s, name)
+        if isinstance(v, str):
+            try:
+                kw[name] = float(v)
+            except ValueError:
+                raise ConfigError(f"expected a number of seconds, got {v!r}", path=name) from None
     for name in (
+        "shutdown_ack_timeout_s",
         "admit_timeout_ms",
         "heartbeat_interval_ms",
         "export_max_delay_ms",
@@ -230,7 +246,7 @@ def _validate(s: Settings) -> Settings:
         "reconnect_min_s",
         "reconnect_max_s",
     ):
-        v = getattr(s, name)
+        v = kw.get(name, getattr(s, name))
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"expected a finite number >= 0, got {v!r}", path=name)
     for name in ("export_max_batch", "export_queue_size"):

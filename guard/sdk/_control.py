@@ -5,7 +5,10 @@ thread or event loop; agent threads only hand it messages with ``call_soon_threa
 Protocol (CONTRACTS "Control stream protocol"): Hello first (with the live runs after a
 reconnect) -> Welcome; RunStarted -> Admit / Deny; warn / wrap_up / cancel directives at any
 time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. The stream
-reconnects with jittered exponential backoff. Nothing here raises into user code.
+reconnects with jittered exponential backoff. Every RunEnded is kept until the guard's
+RecordAck and sent again after each reconnect (``_records.PendingRecords``); shutdown waits,
+bounded by ``Settings.shutdown_ack_timeout_s``, for the acknowledgements. Nothing here raises
+into user code.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from guard.policy import DecidedBy, Reason
+from guard.policy import Budget, DecidedBy, Reason
 from guard.sdk._export import channel_credentials
+from guard.sdk._records import PendingRecords
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
 from guard.wire import limits_from_pb, limits_to_pb, outcome_to_pb, policy_from_pb, usage_to_pb
@@ -40,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
-_BACKLOG_MAX = 10_000  # RunEnded records kept while disconnected
+_DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
@@ -62,9 +66,11 @@ class ControlClient:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[pb.AgentMessage] | None = None
-        self._backlog: collections.deque[pb.AgentMessage] = collections.deque(maxlen=_BACKLOG_MAX)
+        self.unacked = PendingRecords()  # RunEnded records until the guard's RecordAck
+        self._draining = False  # shutdown is waiting for acknowledgements
         self._main: asyncio.Task[None] | None = None
         self._stopping = False
+        self._wakeup: asyncio.Event | None = None
         self._call: Any = None
         self._thread = threading.Thread(
             target=self._thread_main, name="otel-guard-control", daemon=True
@@ -97,10 +103,30 @@ class ControlClient:
             rid = getattr(run, "_request_id", None)
         if rid is not None:
             self._resolve(rid, None)
-        self._send(pb.AgentMessage(run_ended=pb.RunEnded(outcome=outcome_to_pb(outcome))))
+        msg = pb.AgentMessage(run_ended=pb.RunEnded(outcome=outcome_to_pb(outcome)))
+        self.unacked.add(run.run_id, msg)
+        self._send(msg)
 
-    def stop(self, timeout_s: float = 2.0) -> None:
-        """Flush what is queued (bounded), close the stream and end the thread."""
+    def stop(self, timeout_s: float = 2.0, ack_timeout_s: float | None = None) -> None:
+        """Wait (bounded by ``ack_timeout_s``, default ``Settings.shutdown_ack_timeout_s``)
+        for the guard to acknowledge every termination record, reconnecting meanwhile; then
+        flush what is queued (bounded by ``timeout_s``), close the stream and end the thread.
+        Records still unacknowledged are named in one warning line."""
+        wait_s = self.settings.shutdown_ack_timeout_s if ack_timeout_s is None else ack_timeout_s
+        if len(self.unacked) and wait_s > 0 and threading.current_thread() is not self._thread:
+            self._draining = True
+            self._wake()  # a reconnect sleeping out its backoff tries again now
+            self.unacked.wait_empty(wait_s)
+        lost = self.unacked.run_ids()
+        if lost:
+            self.counters["records_unacknowledged"] += len(lost)
+            log.warning(
+                "otel-guard: shutdown gave up after %.1fs: the guard did not acknowledge the "
+                "termination records of %d run(s): %s",
+                wait_s,
+                len(lost),
+                " ".join(lost),
+            )
         self._stopping = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
@@ -114,7 +140,7 @@ class ControlClient:
             self._resolve(rid, None)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _run_started(self, run: Run, rid: int, *, with_usage: bool = False) -> pb.RunStarted:
+    def _run_started(self, run: Run, rid: int, snapshot: Any = None) -> pb.RunStarted:
         msg = pb.RunStarted(
             run_id=run.run_id,
             trace_id=run.trace_id,
@@ -125,8 +151,9 @@ class ControlClient:
             started_at_unix=run.started_at,
             request_id=rid,
         )
-        if with_usage:
-            msg.usage.CopyFrom(usage_to_pb(run.budget.usage()))
+        if snapshot is not None:  # re-registration: (usage, seq) read at one instant
+            msg.usage.CopyFrom(usage_to_pb(snapshot[0]))
+            msg.span_seq = snapshot[1]
         return msg
 
     def _send(self, msg: pb.AgentMessage) -> None:
@@ -140,9 +167,8 @@ class ControlClient:
         q = self._queue
         if q is not None:
             q.put_nowait(msg)
-        elif msg.HasField("run_ended"):
-            self._backlog.append(msg)  # termination records survive a disconnect
-        # RunStarted / Heartbeat while disconnected: the next Hello carries the live runs.
+        # Disconnected: the next Hello carries the live runs, and every unacknowledged
+        # RunEnded is sent again after it (self.unacked).
 
     def _resolve(self, rid: int, value: Any) -> None:
         with self._lock:
@@ -195,19 +221,25 @@ class ControlClient:
                 backoff = self.settings.reconnect_min_s
             delay = backoff * random.uniform(0.5, 1.0)  # full jitter keeps a fleet from herding
             backoff = min(backoff * 2, self.settings.reconnect_max_s)
+            if self._draining:  # shutdown is waiting for acks: keep trying, briefly
+                delay = min(delay, _DRAIN_RECONNECT_S)
             self.counters["reconnects"] += 1
-            await asyncio.sleep(delay)
+            self._wakeup = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), delay)
+
+    def _wake(self) -> None:
+        loop, ev = self._loop, self._wakeup
+        if loop is not None and ev is not None:
+            with contextlib.suppress(RuntimeError):  # loop closed
+                loop.call_soon_threadsafe(ev.set)
 
     def _on_disconnect(self) -> None:
         was = self.connected.is_set()
         self.connected.clear()
         self.first_attempt_done.set()
-        q, self._queue = self._queue, None
+        self._queue = None  # what it still held: unacked RunEnded go again after the Hello
         self._call = None
-        while q is not None and not q.empty():  # keep unsent termination records
-            m = q.get_nowait()
-            if m is not _HALF_CLOSE and m.HasField("run_ended"):
-                self._backlog.append(m)
         if was:
             self.counters["disconnects"] += 1
             log.info("otel-guard: control stream lost; runs continue under local limits")
@@ -239,6 +271,8 @@ class ControlClient:
             with self._lock:
                 live = list(self._runs.values())
                 rid_of = {r: rid for rid, (_, r) in self._admissions.items()}
+            # each run tree's (usage, seq) at one instant: a parent's usage holds its children's
+            snaps = Budget.snapshot_all([r.budget for r in live])
             hello = pb.Hello(
                 process_id=self.process_id,
                 host=socket.gethostname(),
@@ -246,12 +280,14 @@ class ControlClient:
                 tenant=self.settings.tenant,
                 sdk_version=_version(),
                 live_runs=[
-                    self._run_started(r, rid_of.get(r.run_id, 0), with_usage=True) for r in live
+                    self._run_started(r, rid_of.get(r.run_id, 0), snap)
+                    for r, snap in zip(live, snaps, strict=True)
                 ],
+                ended_runs=self.unacked.acked_recently(),
             )
             await call.write(pb.AgentMessage(hello=hello))
-            while self._backlog:
-                await call.write(self._backlog.popleft())
+            for m in self.unacked.all():  # every record the guard has not acknowledged
+                await call.write(m)
             welcomes = self.counters["welcomes"]
             reader = asyncio.ensure_future(self._read(call))
             writer = asyncio.ensure_future(self._write(call, q))
@@ -280,12 +316,7 @@ class ControlClient:
                 # Half-close; the guard ends the stream once it has read every message.
                 await call.done_writing()
                 return
-            try:
-                await call.write(msg)
-            except Exception:
-                if msg.HasField("run_ended"):
-                    self._backlog.append(msg)  # resent after the reconnect
-                raise
+            await call.write(msg)  # a RunEnded lost here is resent after the reconnect
 
     async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:
@@ -343,6 +374,9 @@ class ControlClient:
             return
         if kind == "policy":
             self._apply_policy(msg.policy)
+            return
+        if kind == "record_ack":  # durable on the guard: stop resending it (never acked back)
+            self.unacked.ack(msg.record_ack.run_id)
             return
         body = getattr(msg, kind) if kind else None
         run_id = getattr(body, "run_id", "")

@@ -101,6 +101,7 @@ class Run:
         self.last_tool: str | None = None
         self.last_action_hash: str | None = None
         self.step_index = 0
+        self.numbered = rt.number_spans  # counted spans carry guard.seq (Runtime)
         self.did_work = False
         self.partial_result: bool | None = None  # the user may say so explicitly
         self.warned = False

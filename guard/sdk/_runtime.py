@@ -60,6 +60,10 @@ class Runtime:
             self._attach_exporter(settings)
         if settings.endpoint is not None:
             self._attach_control(settings)
+        # Counted spans carry their record number (guard.seq) when runs re-register through a
+        # control stream: the one thing the number is for (and the guard's sign that an agent
+        # will come back for the run, so it never writes a span-derived record for it).
+        self.number_spans = self.control is not None
 
     # -- providers and export ---------------------------------------------------------------
     @staticmethod

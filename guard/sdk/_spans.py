@@ -24,6 +24,7 @@ __all__ = [
     "RESPONSE_ID",
     "RESULT_HASH",
     "RUN_ID",
+    "SEQ",
     "STATE_HASH",
     "STEP_INDEX",
     "STEP_SPAN",
@@ -64,5 +65,10 @@ STOP_STATUS = "guard.stop.status"
 STOP_REASON = "guard.stop.reason"
 USAGE_STEPS = "guard.usage.steps"
 USAGE_TOOL_CALLS = "guard.usage.tool_calls"
+# The record number of a counted span (step, model call, tool call) within its run, set only
+# when the run has a control stream: a restarted guard skips the spans its re-registration
+# snapshot already counts (RunStarted.span_seq), and a span carrying it belongs to a run whose
+# agent will re-register (the guard never writes a span-derived record for it).
+SEQ = "guard.seq"
 
 STEP_SPAN = "guard.step"

@@ -35,7 +35,7 @@ _OPERATION, _REQUEST_MODEL, _INPUT_TOKENS, _OUTPUT_TOKENS = (
 )
 _CACHE_READ, _REASONING_TOKENS = A.CACHE_READ, A.REASONING_TOKENS
 _STEP_SPAN, _RUN_ID, _TENANT, _STEP_INDEX = A.STEP_SPAN, A.RUN_ID, A.TENANT, A.STEP_INDEX
-_PROGRESS, _STATE_HASH, _ACTION_FP = A.PROGRESS, A.STATE_HASH, A.ACTION_FP
+_PROGRESS, _STATE_HASH, _ACTION_FP, _SEQ = A.PROGRESS, A.STATE_HASH, A.ACTION_FP, A.SEQ
 _set_span_in_context, _attach, _detach = (
     trace.set_span_in_context,
     otel_context.attach,
@@ -88,21 +88,21 @@ class Step:
             return self
         # The usual case, one lock: nothing can fire, and the step is recorded. Otherwise (or
         # in a nested run, whose ancestors are checked first) the full check, then the record.
+        seq = 0
         if (
             run._interrupt is not None
             or run._pending is not None
             or run.parent is not None
-            or not run.budget.step_if_quiet(run.soft._level)
+            or not (seq := run.budget.step_if_quiet(run.soft._level))
         ):
             run.check(_BEFORE_STEP)
-            run.budget.record_step()
+            seq = run.budget.record_step()
         run.step_index = index = run.step_index + 1
         self.index = index
-        span = self.span = run.rt.tracer.start_span(
-            _STEP_SPAN,
-            context=run.ctx,
-            attributes={_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index},
-        )
+        attrs = {_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index}
+        if run.numbered:
+            attrs[_SEQ] = seq
+        span = self.span = run.rt.tracer.start_span(_STEP_SPAN, context=run.ctx, attributes=attrs)
         self._ctx = ctx = _set_span_in_context(span)
         self._otel_token = _attach(ctx)
         self._token = _current_step.set(self)
@@ -202,7 +202,7 @@ class Step:
                     cached_tokens=cached_tokens,
                 )
         # Recorded and decided under one lock; the decision is applied once the span is out.
-        d = run.budget.model_call_quick(
+        seq, d = run.budget.model_call_quick(
             input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd, run.soft._level
         )
         attrs: dict[str, Any] = {
@@ -214,6 +214,8 @@ class Step:
             _REASONING_TOKENS: reasoning_tokens,
             _RUN_ID: run.run_id,
         }
+        if run.numbered:
+            attrs[_SEQ] = seq
         if provider is None:
             provider = _provider_cache.get(model, MISSING)
             if provider is MISSING:

@@ -131,7 +131,9 @@ class Decisions:
             )
             return
         self.log.write(record, None)
-        if by is DecidedBy.OPERATOR:  # nobody to tell: the operator's word ends it now
+        # Nobody to tell: the operator's word ends it now. A provisional run's agent is about
+        # to re-register: the cancel reaches it then (Registry._adopt), or the sweep ends it.
+        if by is DecidedBy.OPERATOR and not run.provisional:
             self.end_run(run, Status.CANCELLED, Reason.OPERATOR_CANCEL, detail, by)
 
     def act(self, run: RunState, d: Decision, verdict: Any = None) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "RESP_ID",
     "RESULT_HASH",
     "RUN_ID",
+    "SEQ",
     "SPAN_ID",
     "STATE_HASH",
     "STEP_INDEX",
@@ -62,7 +63,8 @@ _MAX_ID_CHARS = 256  # run ids, tenants, hashes: anything longer is not ours
 _MAX_COUNTER = 1 << 40  # ~1e12 tokens in one call is an attack or a bug, not usage
 
 # Observation layout: one flat list per span (a list copy is far cheaper than an object with
-# thirty attributes). Indices 0..25 are attribute slots, 26..30 span fields, 31 spare.
+# thirty attributes). Indices 0..25 are attribute slots, 26..30 span fields, 31 spare, 32 the
+# ``guard.seq`` attribute (added after the spare so the other indices stay where they were).
 (
     RUN_ID,
     PARENT_RUN,
@@ -99,7 +101,10 @@ _MAX_COUNTER = 1 << 40  # ~1e12 tokens in one call is an attack or a bug, not us
 # One more slot, always None: the fast decoder (_rawdecode) writes the None of an attribute
 # it skips there, one store instead of a test per attribute. Nothing else reads it.
 _SPARE = 31
-_NSLOTS = 32
+# guard.seq: the record number of a counted SDK span within its run (an int >= 0, bounded by
+# _MAX_COUNTER like every counter); see RunStarted.span_seq.
+SEQ = 32
+_NSLOTS = 33
 _TEMPLATE = [None] * _NSLOTS
 # private aliases used below
 _RUN_ID, _PARENT_RUN, _TENANT, _OP, _AGENT, _MODEL, _RESP_MODEL = range(7)
@@ -153,6 +158,7 @@ _KEYS: dict[str, tuple[int, int]] = {
     "guard.stop.reason": (_STOP_REASON, _STR),
     "guard.usage.steps": (_USAGE_STEPS, _INT),
     "guard.usage.tool_calls": (_USAGE_TOOLS, _INT),
+    "guard.seq": (SEQ, _INT),
 }
 _KEYS_GET = _KEYS.get
 
@@ -193,6 +199,7 @@ _FIELDS = {
     "trace_id": TRACE_ID,
     "span_id": SPAN_ID,
     "parent_span_id": PARENT_SPAN_ID,
+    "seq": SEQ,
 }
 
 

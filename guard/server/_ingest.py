@@ -19,6 +19,10 @@ inlined in ``ingest``: this loop runs once per span.
 
 Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trace. A model
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
+
+Numbered spans (``guard.seq``, set by the SDK when the run has a control stream) are counted
+once across a guard restart: see ``_gate``. The span path never writes the record of a run
+whose agent has a control stream; the agent's RunEnded is the record (``_run_span``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from guard.server._decode import (
     RESP_ID,
     RESULT_HASH,
     RUN_ID,
+    SEQ,
     SPAN_ID,
     STATE_HASH,
     STEP_INDEX,
@@ -161,6 +166,8 @@ class Ingest:
                     usage = spent[run.tenant] = Usage()
                 entry = touched.get(run)
             kind = o[KIND]
+            if run.seq_gate is not None and kind != KIND_RUN and self._gate(run, o):
+                continue
             # The three common kinds are inlined (this loop runs once per span). Tool calls
             # are *counted* in the run's budget once per run per request (see _flush): they
             # only add up, nothing reads the run's tool counters before the decision, and
@@ -303,7 +310,7 @@ class Ingest:
         tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
             return None
-        return self._new_run(
+        run = self._new_run(
             o[RUN_ID],
             tenant=tenant,
             agent=o[AGENT] or "",
@@ -314,6 +321,9 @@ class Ingest:
             session=None,
             admitted=False,
         )
+        if o[SEQ] is not None:  # numbered: its agent has a control stream and will register it
+            run.seq_gate = []
+        return run
 
     def _duplicate(self, run: RunState, o: Observation) -> bool:
         """True when this model span is a call already counted (see ``SeenCalls``); else
@@ -347,14 +357,26 @@ class Ingest:
             reason = Reason(o[STOP_REASON]) if o[STOP_REASON] else Reason.FINAL_ANSWER
         except ValueError:
             status, reason = Status.FAILED, Reason.ERROR
+        if run.session is not None or run.provisional:
+            # Its agent has (or had) a control stream: its RunEnded, resent until acked, is
+            # the record. Written from these stop attributes only if the agent does not come
+            # back within agent_grace_s (Lifecycle.sweep); the identity is kept for that.
+            run.end_hint = (status, reason)
+            if not run.agent and o[AGENT]:
+                run.agent = o[AGENT]
+            if not run.tenant and o[TENANT]:
+                self._set_tenant(run, o[TENANT])
+            return
         if run.stop_by is not None and reason in (Reason.OPERATOR_CANCEL, run.stop_reason):
             by = run.stop_by
         else:
             by = DecidedBy.SDK
         self.end_run(run, status, reason, "from the run span (no control stream)", by)
 
-    # provided by Registry / Decisions
+    # provided by Registry / Decisions / Rejoin
     clock: Any
+    _gate: Any
+    _set_tenant: Any
     act: Any
     forecast: Any
     tenant_cut: Any

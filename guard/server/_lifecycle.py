@@ -8,11 +8,12 @@ dropped.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
+from guard.v1 import guard_pb2 as pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ENDED_MEMORY", "Lifecycle"]
 
+log = logging.getLogger("guard.server")
 ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
 SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
 
@@ -43,7 +45,9 @@ class Lifecycle:
     grace_s: float
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
-        """RunEnded: the agent's outcome is the record (first one wins)."""
+        """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
+        RecordAck once the sink holds it durably (the store's WAL), a repeat at once: the
+        agent resends it until then."""
         run = self.runs.get(outcome.run_id)
         if not outcome.tenant:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
@@ -51,9 +55,16 @@ class Lifecycle:
         if run is not None:
             self._finish(run)
         elif outcome.run_id in self.ended:
+            self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
             return
         self._remember_ended(outcome.run_id)
-        self._write_run(outcome)
+        if self._write_run(outcome):
+            self._ack_record(session, outcome.run_id)
+
+    @staticmethod
+    def _ack_record(session: AgentSession | None, run_id: str) -> None:
+        if session is not None:
+            session.send("record_ack", pb.RecordAck(run_id=run_id))
 
     def end_run(
         self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
@@ -84,9 +95,15 @@ class Lifecycle:
         self._write_run(outcome)
         return outcome
 
-    def _write_run(self, outcome: Outcome) -> None:
-        with contextlib.suppress(Exception):
+    def _write_run(self, outcome: Outcome) -> bool:
+        """Hand the record to the sink; True when it returned (then it is durable: the store
+        appends to its WAL before returning)."""
+        try:
             self.sink.write_run(outcome)
+        except Exception:
+            log.exception("guard: writing the record of run %r failed", outcome.run_id[:64])
+            return False
+        return True
 
     def _remember_ended(self, run_id: str) -> None:
         self.ended[run_id] = None
@@ -101,6 +118,9 @@ class Lifecycle:
 
     def _forget(self, run: RunState) -> None:
         rid = run.run_id
+        if run.provisional:  # the spans it held for its agent (Rejoin._gate)
+            self.provisional_spans -= len(run.seq_gate)  # type: ignore[arg-type]
+            run.seq_gate = None
         self.runs.pop(rid, None)
         self.detached.pop(rid, None)
         self.span_only.pop(rid, None)
@@ -119,16 +139,34 @@ class Lifecycle:
         """Periodic: agent_lost after grace, idle span-only runs, unacked decisions."""
         now = self.clock()
         for run in [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]:
-            self.stats["agent_lost"] += 1
-            self.end_run(
-                run,
-                Status.FAILED,
-                Reason.AGENT_LOST,
-                f"agent stream lost for {now - run.detached_at:.1f}s "
-                f"(agent_grace_s={self.grace_s:g})",
-                DecidedBy.GUARD,
-            )
+            self._agent_gone(run, f"agent stream lost for {now - run.detached_at:.1f}s")
+        for run in [r for r in self.span_only.values() if r.provisional]:
+            if now - run.touched_at >= self.grace_s:  # its agent never came back for it
+                self._agent_gone(run, f"agent did not register the run within {self.grace_s:g}s")
         for run in [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]:
             self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
+
+    def _agent_gone(self, run: RunState, why: str) -> None:
+        """The record of a run whose agent did not come back within the grace period: an
+        operator's cancel if one is pending, else what its run span said (decided_by sdk), else
+        agent_lost. Tenant and agent are whatever its spans carried."""
+        if run.stop_by is DecidedBy.OPERATOR:
+            self.end_run(
+                run, Status.CANCELLED, Reason.OPERATOR_CANCEL, run.stop_detail, run.stop_by
+            )
+            return
+        if run.end_hint is not None:
+            status, reason = run.end_hint
+            by = run.stop_by if run.stop_by is not None and reason is run.stop_reason else None
+            self.end_run(run, status, reason, f"from the run span ({why})", by or DecidedBy.SDK)
+            return
+        self.stats["agent_lost"] += 1
+        self.end_run(
+            run,
+            Status.FAILED,
+            Reason.AGENT_LOST,
+            f"{why} (agent_grace_s={self.grace_s:g})",
+            DecidedBy.GUARD,
+        )

@@ -34,7 +34,8 @@ from guard.server._decisions import Decisions
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import Ingest
 from guard.server._lifecycle import Lifecycle
-from guard.server._state import RunState
+from guard.server._rejoin import Rejoin
+from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
 from guard.server._tenants import Tenants
 from guard.store._records import DecisionRecord
@@ -58,7 +59,7 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
-class Registry(Ingest, Decisions, Lifecycle):
+class Registry(Ingest, Decisions, Lifecycle, Rejoin):
     """Per-run state for one guard process."""
 
     def __init__(
@@ -82,6 +83,7 @@ class Registry(Ingest, Decisions, Lifecycle):
         self.span_only: dict[str, RunState] = {}
         self.sessions: set[AgentSession] = set()
         self.ended: OrderedDict[str, None] = OrderedDict()
+        self.provisional_spans = 0  # held by provisional runs (see _rejoin)
         self.max_runs = int(config.guard.max_tracked_runs)
         self.grace_s = float(config.guard.agent_grace_s)
         self.stats: dict[str, int] = {
@@ -94,6 +96,9 @@ class Registry(Ingest, Decisions, Lifecycle):
             "denied": 0,
             "agent_lost": 0,
             "capacity_rejections": 0,
+            "replayed_spans": 0,
+            "provisional_spans_dropped": 0,
+            "adopted_runs": 0,
         }
         self._tenant_cut: dict[str, float] = {}
 
@@ -152,11 +157,18 @@ class Registry(Ingest, Decisions, Lifecycle):
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
             raise InvalidInput("tenant/agent longer than 256 chars")
         run = self.runs.get(rs.run_id)
+        waiting: RunState | None = None
+        kept: Any = None
         if run is not None:
             principal.check_tenant(run.tenant)
-            self._attach(run, session)
-            self._admit_msg(session, run, rs.request_id)
-            return
+            if not run.provisional:
+                self._attach(run, session)
+                self._admit_msg(session, run, rs.request_id)
+                return
+            # Spans got here first: the agent's identity, limits and counters replace the
+            # guard's guess; the spans it kept are counted below, above the snapshot's floor.
+            waiting, kept = run, run.seq_gate
+            self._forget(run)  # releases what it held (kept here)
         if rs.run_id in self.ended:
             if restoring:  # ended while its agent was away (agent_lost): tell it so
                 session.directive(
@@ -214,7 +226,12 @@ class Registry(Ingest, Decisions, Lifecycle):
         )
         if restored is not None:
             self._restore_usage(run, restored)
+        if (restoring and rs.span_seq) or waiting is not None:
+            # spans numbered <= span_seq are in the restored usage; each later one counts once
+            run.seq_gate = SeqGate(rs.span_seq if restoring else 0)
         self._admit_msg(session, run, rs.request_id)
+        if waiting is not None:
+            self._adopt(run, waiting, kept, principal)
         if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,
@@ -281,26 +298,6 @@ class Registry(Ingest, Decisions, Lifecycle):
             self.span_only[run_id] = run
         return run
 
-    def _restore_usage(self, run: RunState, u: Any) -> None:
-        b = run.budget
-        for _ in range(min(u.steps, 100_000)):
-            b.record_step()
-        if u.model_calls or u.input_tokens or u.output_tokens or u.cost_usd is not None:
-            b.record_model_call(
-                input_tokens=u.input_tokens,
-                output_tokens=u.output_tokens,
-                reasoning_tokens=u.reasoning_tokens,
-                cached_tokens=u.cached_tokens,
-                cost_usd=u.cost_usd,
-            )
-            for _ in range(min(max(0, u.model_calls - 1), 100_000)):
-                b.record_model_call()
-        run.tokens_used = u.input_tokens + u.output_tokens
-        run.cost_used = u.cost_usd or 0.0
-        if u.tool_calls:
-            b.record_tool_calls(u.tool_calls, attempts=max(u.tool_attempts, u.tool_calls))
-        self.tenants.record(run.tenant, u)
-
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
         body = pb.Admit(
             run_id=run.run_id,
@@ -347,6 +344,7 @@ class Registry(Ingest, Decisions, Lifecycle):
         session.host = hello.host[:_MAX_ID]
         session.pid = hello.pid
         self.sessions.add(session)
+        self._ended_elsewhere(hello.ended_runs, tenant)
         for rs in hello.live_runs:
             self.register(session, rs, principal, restoring=True)
 

@@ -10,9 +10,39 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RunState", "SeenCalls"]
+__all__ = ["RunState", "SeenCalls", "SeqGate"]
 
 _SEEN_CAP = 8  # model calls remembered per run for de-duplication
+_GATE_MAX = 1024  # numbered spans above the floor remembered per restored run
+
+
+class SeqGate:
+    """Which numbered spans (``guard.seq``) of a re-registered run are already counted: every
+    one ``<= floor`` (the snapshot's ``span_seq``, then advanced over contiguous arrivals) and
+    the few above it that arrived out of order. Lets each span count once however often the
+    exporter retries it. Bounded: gaps that never fill (spans the exporter dropped) are given
+    up once :data:`_GATE_MAX` numbers wait above them."""
+
+    __slots__ = ("above", "floor")
+
+    def __init__(self, floor: int) -> None:
+        self.floor = floor
+        self.above: set[int] = set()
+
+    def seen(self, seq: int) -> bool:
+        """True if ``seq`` was counted before; else remembers it (the caller counts it)."""
+        if seq <= self.floor or seq in self.above:
+            return True
+        above = self.above
+        above.add(seq)
+        if len(above) > _GATE_MAX:
+            self.floor = min(above) - 1
+        floor = self.floor
+        while floor + 1 in above:
+            floor += 1
+            above.discard(floor)
+        self.floor = floor
+        return False
 
 
 class SeenCalls:
@@ -58,6 +88,7 @@ class RunState:
         "budget",
         "cost_used",
         "detached_at",
+        "end_hint",
         "forecast_warned",
         "forecaster",
         "last_action_hash",
@@ -73,6 +104,7 @@ class RunState:
         "paused",
         "run_id",
         "seen",
+        "seq_gate",
         "session",
         "soft",
         "started_at",
@@ -142,10 +174,24 @@ class RunState:
         self.stop_by: Any = None  # DecidedBy
         self.loop_warned = False
         self.forecast_warned = False
+        # Spans numbered by the SDK (guard.seq), see _ingest.Ingest._gate: None = count every
+        # span; a SeqGate = a re-registered run (spans numbered <= the snapshot's span_seq are
+        # in the restored usage; each later one counts once); a list = *provisional*: an
+        # implicit run whose agent has a control stream and has not (re-)registered it yet;
+        # its spans wait there, uncounted, until it does.
+        self.seq_gate: SeqGate | list[Any] | None = None
+        # (status, reason) from the run span of a run that waits for its agent: the record
+        # written if the agent does not come back within agent_grace_s (else agent_lost).
+        self.end_hint: tuple[Any, Any] | None = None
 
     @property
     def connected(self) -> bool:
         return self.session is not None and self.detached_at is None
+
+    @property
+    def provisional(self) -> bool:
+        """Created from numbered spans before its agent (re-)registered it."""
+        return type(self.seq_gate) is list
 
     @property
     def stopping(self) -> bool:

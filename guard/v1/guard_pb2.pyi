@@ -109,20 +109,22 @@ class Outcome(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., last_tool: _Optional[str] = ..., last_action_hash: _Optional[str] = ..., loop_hits: _Optional[int] = ..., partial_result: _Optional[bool] = ..., recoverable: _Optional[bool] = ..., decided_by: _Optional[str] = ..., price_book_version: _Optional[str] = ..., started_at_unix: _Optional[float] = ..., ended_at_unix: _Optional[float] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("process_id", "host", "pid", "tenant", "sdk_version", "live_runs")
+    __slots__ = ("process_id", "host", "pid", "tenant", "sdk_version", "live_runs", "ended_runs")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     host: str
     pid: int
     tenant: str
     sdk_version: str
     live_runs: _containers.RepeatedCompositeFieldContainer[RunStarted]
-    def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ...) -> None: ...
+    ended_runs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ..., ended_runs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunStarted(_message.Message):
     __slots__ = ("run_id", "trace_id", "parent_run_id", "tenant", "agent", "requested", "started_at_unix", "usage", "request_id", "span_seq")

@@ -29,8 +29,13 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         *,
         read_delay_s: float = 0.0,
         heartbeat_interval_ms: int = 100,
+        ack_records: bool = True,
+        port: int = 0,
     ):
-        """``read_delay_s``: a slow guard, pausing before it reads each message after Hello."""
+        """``read_delay_s``: a slow guard, pausing before it reads each message after Hello.
+        ``ack_records``: answer each RunEnded with a RecordAck, as the real guard does.
+        ``port``: a fixed port (a guard restarted where the agents look for it)."""
+        self.ack_records = ack_records
         self.decide = decide or (
             lambda rs: pb.GuardMessage(
                 admit=pb.Admit(run_id=rs.run_id, request_id=rs.request_id, effective=rs.requested)
@@ -48,7 +53,7 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         pb_grpc.add_GuardControlServicer_to_server(self, self.server)
         self.traces = _Traces()
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self.traces, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.server.start()
 
     @property
@@ -112,6 +117,13 @@ class FakeGuard(pb_grpc.GuardControlServicer):
                         if reply is not None:
                             reply.command_id = next(self._ids)
                             out.put(reply)
+                    elif kind == "run_ended" and self.ack_records:
+                        rid = msg.run_ended.outcome.run_id
+                        out.put(
+                            pb.GuardMessage(
+                                command_id=next(self._ids), record_ack=pb.RecordAck(run_id=rid)
+                            )
+                        )
                 end = "agent"
             except grpc.RpcError:
                 end = "error"

@@ -310,12 +310,13 @@ def test_budget_fused_hot_paths_are_record_then_decide_quick() -> None:
             for i in range(12):
                 want = ref.decide_quick(phase=Phase.BEFORE_STEP, above=above)
                 recorded = fused.step_if_quiet(rank)
-                assert recorded == (want is None)
+                assert bool(recorded) == (want is None)
                 if not recorded:
-                    fused.record_step()
-                ref.record_step()
+                    recorded = fused.record_step()
+                assert recorded == ref.record_step() == fused.seq  # one number per record
                 cost = 0.0011 * (i % 3) if i % 2 else None
-                q = fused.model_call_quick(90 + i, 7, 2, 10, cost, rank)
+                seq, q = fused.model_call_quick(90 + i, 7, 2, 10, cost, rank)
+                assert seq == fused.seq
                 ref.record_model_call(
                     input_tokens=90 + i,
                     output_tokens=7,
@@ -325,8 +326,8 @@ def test_budget_fused_hot_paths_are_record_then_decide_quick() -> None:
                 )
                 assert q == ref.decide_quick(phase=Phase.AFTER_MODEL_CALL, above=above)
                 loop = (None, warn, stop)[i % 3]
-                q = fused.tool_calls_quick(1 + i % 2, None, loop, rank)
-                ref.record_tool_calls(1, attempts=1 + i % 2)
+                seq, q = fused.tool_calls_quick(1 + i % 2, None, loop, rank)
+                assert seq == ref.record_tool_calls(1, attempts=1 + i % 2) == fused.seq
                 want = ref.decide_quick(phase=Phase.AFTER_TOOL_BATCH, loop=loop, above=above)
                 assert q == want
                 assert fused.usage() == ref.usage()

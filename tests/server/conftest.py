@@ -114,9 +114,16 @@ class Agent:
                 return
             yield msg
 
-    async def connect(self, live_runs: list[pb.RunStarted] = (), process_id="p1") -> pb.Welcome:
+    async def connect(
+        self, live_runs: list[pb.RunStarted] = (), process_id="p1", ended_runs=()
+    ) -> pb.Welcome:
         self.call = self.stub.Attach(self._requests(), metadata=self.metadata)
-        hello = pb.Hello(process_id=process_id, tenant=self.tenant, live_runs=list(live_runs))
+        hello = pb.Hello(
+            process_id=process_id,
+            tenant=self.tenant,
+            live_runs=list(live_runs),
+            ended_runs=list(ended_runs),
+        )
         await self.outbox.put(pb.AgentMessage(hello=hello))
         self.task = asyncio.ensure_future(self._read())
         msg = await self.wait_for(lambda m: m.WhichOneof("body") == "welcome")

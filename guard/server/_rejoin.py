@@ -1,0 +1,123 @@
+"""Rejoining after a reconnect or a guard restart: how a re-registered run is rebuilt.
+
+Mixed into :class:`guard.server._registry.Registry`. A re-registration (``Hello.live_runs``)
+carries the agent's snapshot of the run: the guard *sets* the run's counters from it and
+keeps a :class:`~guard.server._state.SeqGate` so every span the SDK numbered (``guard.seq``)
+counts once, however often the exporter retries it to the restarted guard. Numbered spans
+that arrive before their run is registered make a *provisional* run: they wait, uncounted,
+until the agent registers it (``_adopt``) or, if it never does, the sweep records it once
+(``Lifecycle._agent_gone``). ``Hello.ended_runs`` names runs whose records a guard already
+acknowledged: their provisional runs are dropped without a record.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from guard.policy import DecidedBy, Reason
+from guard.server._decode import SEQ, TENANT, Decoded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._auth import Principal
+    from guard.server._decode import Observation
+    from guard.server._state import RunState
+
+__all__ = ["PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "Rejoin"]
+
+PROVISIONAL_SPANS_MAX = 256  # spans a provisional run keeps until its agent registers it
+# ... and all provisional runs together (~330 B each: ~65 MB), so numbered spans of made-up
+# run ids cannot grow the guard without bound
+PROVISIONAL_SPANS_TOTAL = 200_000
+_MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that many)
+_MAX_ID = 256
+
+
+class Rejoin:
+    """Re-registration and provisional runs (mixin; expects the Registry's attributes)."""
+
+    runs: dict[str, RunState]
+    provisional_spans: int  # spans held by all provisional runs (Lifecycle._forget releases)
+    by_tenant: dict[str, set[str]]
+    ended: Any
+    stats: dict[str, int]
+    tenants: Any
+    clock: Any
+    ingest: Any
+    stop_run: Any
+    _forget: Any
+    _remember_ended: Any
+
+    def _restore_usage(self, run: RunState, u: Any) -> None:
+        """Set (never add) the run's own counters from its agent's snapshot. A parent's
+        snapshot already holds its children's usage (the SDK reads a run tree at one
+        instant), so adding through the parent chain would count the children twice; for
+        the same reason only a root run's usage goes to the tenant's windows."""
+        run.budget.restore(u)
+        run.tokens_used = u.input_tokens + u.output_tokens
+        run.cost_used = u.cost_usd or 0.0
+        if run.parent is None:
+            self.tenants.record(run.tenant, u)
+
+    def _adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
+        """The agent registered a run that spans had created first (provisional): count the
+        spans it kept that the registration's snapshot does not hold, and carry over an
+        operator's cancel (it reaches the agent now)."""
+        self.stats["adopted_runs"] += 1
+        if kept:
+            decoded = Decoded()
+            decoded.observations = kept
+            self.ingest(decoded, principal)  # gated by run.seq_gate: each span counted once
+        if waiting.stop_by is DecidedBy.OPERATOR and run.stop_reason is None:
+            self.stop_run(
+                run, Reason.OPERATOR_CANCEL, waiting.stop_detail, None, None, DecidedBy.OPERATOR
+            )
+
+    def _ended_elsewhere(self, run_ids: Any, tenant: str) -> None:
+        """Hello.ended_runs: runs whose records a guard (maybe this one before a restart)
+        acknowledged. A provisional run for one of them (the exporter retried its spans) is
+        dropped without a record, and later spans of it are late spans. Only the caller's
+        tenant's runs are touched; a live registered run is left alone."""
+        for run_id in run_ids[:_MAX_ENDED_IN_HELLO]:
+            if not run_id or len(run_id) > _MAX_ID or run_id in self.ended:
+                continue
+            run = self.runs.get(run_id)
+            if run is not None:
+                if not run.provisional or (run.tenant and run.tenant != tenant):
+                    continue
+                self._forget(run)
+            self._remember_ended(run_id)
+
+    def _gate(self, run: RunState, o: Observation) -> bool:
+        """Whether a counted span of a gated run is *not* to be counted now (see
+        ``RunState.seq_gate``): a provisional run keeps it for its agent's registration
+        (bounded, then counted as dropped); a re-registered run skips it when the snapshot
+        already holds it (``guard.seq <= span_seq``) or it was counted since (a retry)."""
+        gate = run.seq_gate
+        if type(gate) is list:
+            run.touched_at = self.clock()
+            if not run.tenant and o[TENANT]:
+                self._set_tenant(run, o[TENANT])
+            if (
+                len(gate) < PROVISIONAL_SPANS_MAX
+                and self.provisional_spans < PROVISIONAL_SPANS_TOTAL
+            ):
+                gate.append(o)
+                self.provisional_spans += 1
+            else:
+                self.stats["provisional_spans_dropped"] += 1
+            return True
+        seq = o[SEQ]
+        if seq is not None and gate.seen(seq):
+            self.stats["replayed_spans"] += 1
+            return True
+        return False
+
+    def _set_tenant(self, run: RunState, tenant: str) -> None:
+        """A provisional run learns its tenant from a later span (a step span carries it)."""
+        ids = self.by_tenant.get(run.tenant)
+        if ids is not None:
+            ids.discard(run.run_id)
+            if not ids:
+                del self.by_tenant[run.tenant]
+        run.tenant = tenant
+        self.by_tenant.setdefault(tenant, set()).add(run.run_id)
