@@ -22,7 +22,7 @@ from guard.policy._hotpath import HotPaths
 from guard.policy._reservation import Reservation, plain_counts, plain_money
 from guard.policy._reservation import check_count as _count
 from guard.policy._reservation import check_money as _money
-from guard.policy._types import Decision, Limits, Phase, Reason, Usage
+from guard.policy._types import USAGE_COUNTERS, Decision, Limits, Phase, Reason, Usage
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._loops import LoopVerdict
@@ -187,6 +187,22 @@ class Budget(HotPaths):
                 u = b._usage
                 u.tool_calls += n
                 u.tool_attempts += attempts
+                if cost is not None:
+                    u.cost_usd = (u.cost_usd or 0.0) + cost
+                b = b._parent
+
+    def add_usage(self, usage: Usage) -> None:
+        """Add a whole usage snapshot to the chain at once (a run re-registered with what it
+        had spent): O(1) whatever the counters say. Counters must be ints >= 0."""
+        for name in USAGE_COUNTERS:
+            _count(name, getattr(usage, name))
+        cost = None if usage.cost_usd is None else _money("cost_usd", usage.cost_usd)
+        with self._lock:
+            b: Budget | None = self
+            while b is not None:
+                u = b._usage
+                for name in USAGE_COUNTERS:
+                    setattr(u, name, getattr(u, name) + getattr(usage, name))
                 if cost is not None:
                     u.cost_usd = (u.cost_usd or 0.0) + cost
                 b = b._parent

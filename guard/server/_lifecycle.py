@@ -45,6 +45,10 @@ class Lifecycle:
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins)."""
         run = self.runs.get(outcome.run_id)
+        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
+            # Another tenant's live run: never end it, never write over its record. Treated
+            # like a repeat of a record already written (nothing changes).
+            return
         if not outcome.tenant:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
