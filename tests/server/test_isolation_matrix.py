@@ -172,6 +172,7 @@ def _cases() -> list[tuple[str, Callable[[str], Any]]]:
                 )
             ),
         ),
+        ("span in the run's trace (no guard.run.id)", export(lambda r: [_foreign_call(r)])),
         (
             "Cancel.run_id",
             admin("Cancel", lambda r: pb.CancelRequest(selector=pb.Selector(run_id=r))),
@@ -180,6 +181,13 @@ def _cases() -> list[tuple[str, Callable[[str], Any]]]:
         ("TenantBudgets", admin("TenantBudgets", lambda r: pb.TenantBudgetsRequest())),
         ("Stats", admin("Stats", lambda r: pb.StatsRequest())),
     ]
+
+
+def _foreign_call(rid: str) -> Any:
+    """An instrumentation's model span (no guard.run.id) in the trace of run ``rid``."""
+    trace = B_TRACE if rid == B_RUN else trace_id_of(0xDEAD)
+    attrs = {"gen_ai.usage.input_tokens": 10**6, "gen_ai.usage.output_tokens": 1}
+    return span("chat other-llm", trace, attrs)
 
 
 def _ended(rid: str) -> pb.AgentMessage:
