@@ -366,14 +366,16 @@ def _check_runs_in_message(name: str, n: int) -> None:
         raise InputTooLarge(f"{name} lists {n} runs (max {MAX_RUNS_PER_MESSAGE} per message)")
 
 
-def check_hello(hello: pb.Hello) -> None:
-    """Validate a ``Hello`` whole (every live run) before any of it is applied."""
+def check_hello(hello: pb.Hello, *, live_runs: bool = True) -> None:
+    """Validate a ``Hello`` whole before any of it is applied. ``live_runs=False`` checks
+    their number only: the caller checks each with :func:`check_run_started` (the control
+    reader does, in slices that yield to its event loop)."""
     check_id("hello.tenant", hello.tenant)
     check_id("hello.process_id", hello.process_id)
     check_id("hello.host", hello.host)
     check_id("hello.sdk_version", hello.sdk_version)
     _check_runs_in_message("hello.live_runs", len(hello.live_runs))
-    for rs in hello.live_runs:
+    for rs in hello.live_runs if live_runs else ():
         check_run_started(rs)
 
 

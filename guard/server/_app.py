@@ -56,6 +56,7 @@ DEFAULT_LISTEN = "127.0.0.1:4317"
 DEFAULT_DRAIN_S = 10.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # larger OTLP batches get RESOURCE_EXHAUSTED
 SWEEP_INTERVAL_S = 0.25
+SWEEP_BATCH = 256  # runs ended by one sweep slice
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,8 @@ class GuardServer:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
-                self.registry.sweep()
+                while self.registry.sweep(limit=SWEEP_BATCH):  # a mass agent_lost, in slices
+                    await asyncio.sleep(0)
             except Exception:
                 log.exception("sweep failed")
 

@@ -33,9 +33,10 @@ from guard.wire import (
     policy_to_pb,
 )
 
-__all__ = ["HELLO_SLICE", "ControlServicer"]
+__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer"]
 
 HELLO_SLICE = 32  # Hello.live_runs registered between two yields to the event loop
+HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
 
 
 class ControlServicer(guard_pb2_grpc.GuardControlServicer):
@@ -62,12 +63,16 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                             raise InvalidInput(f"first message must be hello, got {body}")
                         first = False
                         hello = msg.hello
-                        check_hello(hello)
+                        check_hello(hello, live_runs=False)
                         # authorise before welcoming: a refused stream gets no policy
                         tenant = hello.tenant or (principal.tenant or "")
                         principal.check_tenant(tenant, "the stream")
-                        for rs in hello.live_runs:  # all or nothing: before any is applied
+                        # all or nothing: every live run is checked before any is applied
+                        for i, rs in enumerate(hello.live_runs, 1):
+                            check_run_started(rs)
                             principal.check_tenant(rs.tenant or tenant)
+                            if i % HELLO_CHECK_SLICE == 0:
+                                await asyncio.sleep(0)
                         session.send("welcome", self._welcome(session))
                         registry.hello(session, hello, principal, restore=False)
                         for i, rs in enumerate(hello.live_runs, 1):

@@ -119,10 +119,17 @@ class Lifecycle:
             run.session.runs.discard(rid)
 
     # -- housekeeping ----------------------------------------------------------------------
-    def sweep(self) -> None:
-        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions."""
+    def sweep(self, limit: int | None = None) -> bool:
+        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions.
+
+        ``limit``: end at most that many runs of each kind, so a mass disconnect is ended in
+        slices (the server yields to its loop between calls); True when work is left.
+        """
         now = self.clock()
-        for run in [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]:
+        lost = [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]
+        idle = [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]
+        more = limit is not None and (len(lost) > limit or len(idle) > limit)
+        for run in lost[:limit]:
             self.stats["agent_lost"] += 1
             self.end_run(
                 run,
@@ -132,7 +139,8 @@ class Lifecycle:
                 f"(agent_grace_s={self.grace_s:g})",
                 DecidedBy.GUARD,
             )
-        for run in [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]:
+        for run in idle[:limit]:
             self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
+        return more

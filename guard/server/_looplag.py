@@ -5,6 +5,11 @@ overshoot is how long something else held the loop (a large message, a slow hand
 is also how long every cancel and health check waited. Kept as the maximum since the start
 and the last :data:`RECENT` samples (about 20 s), for percentiles. Read through
 ``GuardAdmin.Stats`` (``loop_lag_*_ms`` figures).
+
+On a shared machine the wall-clock lag also counts time the process was not scheduled at
+all. ``loop_busy_*_ms`` separates the two: per tick, the part of the lag during which the
+loop's thread was actually running (its CPU time, ``time.thread_time``), i.e. work that
+held the loop.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ class LoopLag:
     def __init__(self, tick_s: float = TICK_S, recent: int = RECENT) -> None:
         self.tick_s = float(tick_s)
         self.max_ms = 0.0
+        self.busy_max_ms = 0.0
         self.samples = 0
         self._recent = array("d", bytes(8 * recent))
+        self._busy = array("d", bytes(8 * recent))
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -40,29 +47,31 @@ class LoopLag:
 
     async def _run(self) -> None:
         clock = time.perf_counter
+        cpu = time.thread_time
         tick = self.tick_s
-        recent = self._recent
+        recent, busy = self._recent, self._busy
         while True:
-            before = clock()
+            before, cpu_before = clock(), cpu()
             await asyncio.sleep(tick)
             lag_ms = max(0.0, (clock() - before - tick) * 1000.0)
-            recent[self.samples % len(recent)] = lag_ms
+            busy_ms = min(lag_ms, (cpu() - cpu_before) * 1000.0)
+            i = self.samples % len(recent)
+            recent[i], busy[i] = lag_ms, busy_ms
             self.samples += 1
-            if lag_ms > self.max_ms:
-                self.max_ms = lag_ms
+            self.max_ms = max(self.max_ms, lag_ms)
+            self.busy_max_ms = max(self.busy_max_ms, busy_ms)
 
     def figures(self) -> dict[str, float]:
-        """``loop_lag_{max,recent_max,p50,p99}_ms`` and ``loop_lag_samples``."""
+        """``loop_{lag,busy}_{max,recent_max,p50,p99}_ms`` and ``loop_lag_samples``."""
         n = min(self.samples, len(self._recent))
-        window = sorted(self._recent[:n])
-
-        def pct(q: float) -> float:
-            return window[min(n - 1, int(q * n))] if n else 0.0
-
-        return {
-            "loop_lag_max_ms": self.max_ms,
-            "loop_lag_recent_max_ms": window[-1] if n else 0.0,
-            "loop_lag_p50_ms": pct(0.50),
-            "loop_lag_p99_ms": pct(0.99),
-            "loop_lag_samples": float(self.samples),
-        }
+        out = {"loop_lag_samples": float(self.samples)}
+        for name, values, top in (
+            ("lag", self._recent, self.max_ms),
+            ("busy", self._busy, self.busy_max_ms),
+        ):
+            window = sorted(values[:n])
+            out[f"loop_{name}_max_ms"] = top
+            out[f"loop_{name}_recent_max_ms"] = window[-1] if n else 0.0
+            out[f"loop_{name}_p50_ms"] = window[n // 2] if n else 0.0
+            out[f"loop_{name}_p99_ms"] = window[min(n - 1, int(0.99 * n))] if n else 0.0
+        return out

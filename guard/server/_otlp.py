@@ -22,7 +22,7 @@ from guard.server._status import abort_for
 
 __all__ = ["CHUNK_SPANS", "SERVICE_NAME", "decode_chunk", "parse_export", "trace_service_handler"]
 
-CHUNK_SPANS = 2048  # spans applied between two yields to the event loop
+CHUNK_SPANS = 512  # spans decoded or applied between two yields to the event loop
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 _OK = otlp.ExportTraceServiceResponse().SerializeToString()
