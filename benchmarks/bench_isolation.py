@@ -209,6 +209,8 @@ def _phase(b: TenantB, name: str, trials: int) -> dict[str, object]:
         },
         "loop_lag_max_ms_so_far": round(s["loop_lag_max_ms"], 2),
         "loop_lag_recent_p99_ms": round(s["loop_lag_p99_ms"], 2),
+        "loop_busy_max_ms_so_far": round(s["loop_busy_max_ms"], 2),
+        "loop_busy_recent_p99_ms": round(s["loop_busy_p99_ms"], 2),
         "runs_tracked": s["runs_tracked"],
     }
 
@@ -250,6 +252,7 @@ def main() -> None:
             guard.terminate()
             guard.wait(20)
     lag = flooded["loop_lag_max_ms_so_far"]
+    busy = flooded["loop_busy_max_ms_so_far"]
     print(
         json.dumps(
             {
@@ -261,7 +264,8 @@ def main() -> None:
                 "b_cancel_p99_ratio_flood_vs_quiet": round(
                     flooded["b_cancel_ms"]["p99"] / max(quiet["b_cancel_ms"]["p99"], 1e-9), 2
                 ),
-                "max_event_loop_lag_ms": lag,
+                "max_event_loop_lag_ms": lag,  # wall clock: counts the machine's scheduling
+                "max_event_loop_busy_ms": busy,  # the part spent running work (CPU time)
                 "goal_max_event_loop_lag_ms": 50,
             },
             indent=2,
