@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from _net import start_guard  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
 from guard.server import NullSink  # noqa: E402
+from guard.server._gc import bound_gc_pauses  # noqa: E402
 from tests.server.fuzz_remote import Remote, drive, remote_violations  # noqa: E402
 from tests.server.fuzzing import Fuzzer, InProcess, fuzz_config, violations  # noqa: E402
 
@@ -65,6 +66,7 @@ def _rss_mb(pid: int | str = "self") -> float:
 
 
 def in_process(n: int, seed: int) -> dict[str, object]:
+    bound_gc_pauses()  # as `otel-guard serve` does: this process stands in for the guard
     f = Fuzzer(seed)
     target = InProcess(fuzz_config(max_runs=MAX_RUNS), sink=NullSink())
     t0 = time.perf_counter()
