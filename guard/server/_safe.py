@@ -49,52 +49,46 @@ async def _checked(requests: Any) -> Any:
         yield msg
 
 
+def _unary(fn: Any) -> Any:
+    """``fn(request, context)`` that answers an :class:`Undecodable` request itself."""
+    bad = grpc.StatusCode.INVALID_ARGUMENT
+    if inspect.isasyncgenfunction(getattr(fn, "__func__", fn)):
+
+        async def gen(request: Any, context: Any) -> Any:
+            if isinstance(request, Undecodable):
+                await context.abort(bad, request.message)
+            async for item in fn(request, context):
+                yield item
+
+        return gen
+
+    async def call(request: Any, context: Any) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(bad, request.message)
+        return await fn(request, context)
+
+    return call
+
+
+def _streaming(fn: Any) -> Any:
+    """``fn(requests, context)`` whose request iterator raises on an undecodable message."""
+
+    async def call(requests: Any, context: Any) -> Any:
+        return await fn(_checked(requests), context)
+
+    return call
+
+
 def _wrap(method: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     des = _deserializer(h.request_deserializer, method)
     ser = h.response_serializer
-    bad = grpc.StatusCode.INVALID_ARGUMENT
     if h.unary_unary is not None:
-        fn = h.unary_unary
-
-        async def unary_unary(request: Any, context: Any) -> Any:
-            if isinstance(request, Undecodable):
-                await context.abort(bad, request.message)
-            return await fn(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, des, ser)
+        return grpc.unary_unary_rpc_method_handler(_unary(h.unary_unary), des, ser)
     if h.unary_stream is not None:
-        fn = h.unary_stream
-        if inspect.isasyncgenfunction(fn) or (
-            inspect.ismethod(fn) and inspect.isasyncgenfunction(fn.__func__)
-        ):
-
-            async def unary_stream_gen(request: Any, context: Any) -> Any:
-                if isinstance(request, Undecodable):
-                    await context.abort(bad, request.message)
-                async for item in fn(request, context):
-                    yield item
-
-            return grpc.unary_stream_rpc_method_handler(unary_stream_gen, des, ser)
-
-        async def unary_stream(request: Any, context: Any) -> Any:
-            if isinstance(request, Undecodable):
-                await context.abort(bad, request.message)
-            return await fn(request, context)
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, des, ser)
+        return grpc.unary_stream_rpc_method_handler(_unary(h.unary_stream), des, ser)
     if h.stream_stream is not None:
-        fn = h.stream_stream
-
-        async def stream_stream(requests: Any, context: Any) -> Any:
-            return await fn(_checked(requests), context)
-
-        return grpc.stream_stream_rpc_method_handler(stream_stream, des, ser)
-    fn = h.stream_unary
-
-    async def stream_unary(requests: Any, context: Any) -> Any:
-        return await fn(_checked(requests), context)
-
-    return grpc.stream_unary_rpc_method_handler(stream_unary, des, ser)
+        return grpc.stream_stream_rpc_method_handler(_streaming(h.stream_stream), des, ser)
+    return grpc.stream_unary_rpc_method_handler(_streaming(h.stream_unary), des, ser)
 
 
 class _Capture:

@@ -19,7 +19,7 @@ from guard.policy._rolling import RollingWindow
 from guard.server import GuardServer
 from guard.v1 import guard_pb2 as pb
 
-from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, span, trace_id_of
+from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, span, trace_id_of, two_tenants
 
 COST = {"acme": {"rolling": [{"metric": "cost_usd", "limit": 5.0, "window_s": 3600}]}}
 
@@ -157,18 +157,13 @@ async def test_foreign_span_in_another_tenants_trace_is_not_a_type_error(sink):
     UNKNOWN (TypeError) after charging the runs before it (half-applied)."""
     cfg = config(auth=AUTH)
     async with GuardServer(cfg, listen="127.0.0.1:0", sink=sink, environ=AUTH_ENV) as srv:
-        acme = Agent(srv.address, token="acme-secret", tenant="acme")
-        await acme.connect()
-        await acme.start_run("a1", trace_id_of(1))
-        globex = Agent(srv.address, token="globex-secret", tenant="globex")
-        await globex.connect(process_id="g")
-        await globex.start_run("g1", trace_id_of(2))
-        foreign = span(
+        acme, globex = await two_tenants(srv.address)
+        foreign = span(  # in acme's trace
             "chat gpt-4.1",
-            trace_id_of(1),
+            trace_id_of(2),
             {"gen_ai.usage.input_tokens": 50, "gen_ai.usage.output_tokens": 5},
         )
-        resp = await globex.export(model_span("g1", trace_id_of(2), tokens_in=7), foreign)
+        resp = await globex.export(model_span("g1", trace_id_of(3), tokens_in=7), foreign)
         assert resp.partial_success.rejected_spans == 0
         assert srv.registry.runs["a1"].budget.usage().input_tokens == 0
         assert srv.registry.runs["g1"].budget.usage().input_tokens == 7
