@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from guard.bounds import (
     MAX_COST_USD_PER_RECORD,
     MAX_COUNTER,
+    MAX_ID_CHARS,
     MAX_LIMIT_S,
     MAX_RUNS_PER_MESSAGE,
+    MAX_TEXT_CHARS,
     check_count,
     check_finite,
     check_id,
@@ -190,10 +192,12 @@ def outcome_to_pb(outcome: Outcome) -> pb.Outcome:
         agent=outcome.agent or "",
         status=str(Status(outcome.status).value),
         reason=str(Reason(outcome.reason).value),
-        message=outcome.message or "",
+        # cut to the bounds the guard enforces, so a long exception text or tool name is
+        # never a record the guard must refuse (the agent would resend it forever)
+        message=(outcome.message or "")[:MAX_TEXT_CHARS],
         usage=usage_to_pb(outcome.usage),
         elapsed_ms=max(0, int(outcome.elapsed_ms)),
-        last_tool=outcome.last_tool or "",
+        last_tool=(outcome.last_tool or "")[:MAX_ID_CHARS],
         last_action_hash=outcome.last_action_hash or "",
         loop_hits=max(0, int(outcome.loop_hits)),
         partial_result=bool(outcome.partial_result),

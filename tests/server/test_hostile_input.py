@@ -264,3 +264,16 @@ def test_restored_usage_is_added_once_along_the_chain():
     child.add_usage(Usage(steps=10**9, tool_calls=3, tool_attempts=4, cost_usd=1.5))
     assert child.usage().steps == parent.usage().steps == 10**9
     assert (parent.usage().tool_attempts, parent.usage().cost_usd) == (4, 1.5)
+
+
+def test_agent_side_cuts_long_texts_to_what_the_guard_accepts():
+    """A long exception text or tool name must never make a record the guard refuses (the
+    agent would resend it after every reconnect)."""
+    from guard.policy import Outcome
+    from guard.wire import outcome_from_pb, outcome_to_pb
+
+    outcome = Outcome(
+        run_id="r", status="failed", reason="error", message="e" * 100_000, last_tool="t" * 999
+    )
+    back = outcome_from_pb(outcome_to_pb(outcome))
+    assert len(back.message) == 4096 and len(back.last_tool) == MAX_ID_CHARS
