@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
+    "check_allowance_request",
     "check_heartbeat",
     "check_hello",
     "check_run_started",
@@ -388,3 +389,12 @@ def check_heartbeat(hb: pb.Heartbeat) -> None:
     _check_runs_in_message("heartbeat.runs", len(hb.runs))
     for rp in hb.runs:
         check_id("heartbeat.runs.run_id", rp.run_id)
+
+
+def check_allowance_request(req: pb.AllowanceRequest) -> None:
+    """Validate an ``AllowanceRequest``: its run id, the amounts asked for and the usage."""
+    check_id("allowance_request.run_id", req.run_id, required=True)
+    check_finite("allowance_request.cost_usd", req.cost_usd, MAX_COST_USD_PER_RECORD)
+    check_count("allowance_request.tokens", req.tokens)
+    if req.HasField("usage"):
+        usage_from_pb(req.usage)

@@ -277,3 +277,17 @@ def test_agent_side_cuts_long_texts_to_what_the_guard_accepts():
     )
     back = outcome_from_pb(outcome_to_pb(outcome))
     assert len(back.message) == 4096 and len(back.last_tool) == MAX_ID_CHARS
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"run_id": ""}, {"cost_usd": math.nan}, {"cost_usd": 1e300}, {"tokens": 2**63}],
+)
+def test_allowance_request_bounds(fields):
+    from guard.errors import InvalidInput
+    from guard.wire import check_allowance_request
+
+    req = pb.AllowanceRequest(**{"run_id": "r", "cost_usd": 0.5, "tokens": 10, **fields})
+    with pytest.raises(InvalidInput):
+        check_allowance_request(req)
+    check_allowance_request(pb.AllowanceRequest(run_id="r", cost_usd=0.5, tokens=10))
