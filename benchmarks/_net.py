@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 __all__ = ["free_port", "start_guard", "wait_port"]
 
@@ -32,10 +33,11 @@ def wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> Non
 
 
 def start_guard(
-    config_path: str, *, env: dict[str, str] | None = None
+    config_path: str, *, env: dict[str, str] | None = None, stderr: Any = None
 ) -> tuple[subprocess.Popen, int]:
     """Start ``otel-guard serve`` (no store) on a free loopback port with this policy file and
-    wait until it listens. Returns the process and its port; the caller terminates it."""
+    wait until it listens. Returns the process and its port; the caller terminates it.
+    ``stderr``: where the guard's log goes (default: this process's stderr)."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -52,6 +54,7 @@ def start_guard(
             "WARNING",
         ],
         stdout=subprocess.DEVNULL,
+        stderr=stderr,
         env=env,
     )
     wait_port(port, proc)

@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "GuardError",
     "GuardUnavailable",
+    "InputTooLarge",
     "InvalidInput",
     "RunStopped",
     "StoreError",
@@ -38,6 +39,10 @@ class ConfigError(GuardError, ValueError):
 
 class InvalidInput(GuardError, ValueError):
     """Bad input from a caller or the wire: negative or NaN counters, missing ids, bad spans."""
+
+
+class InputTooLarge(InvalidInput):
+    """An input over a size bound (an id, a text, the runs in one message)."""
 
 
 class BudgetExceeded(GuardError):

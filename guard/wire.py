@@ -6,7 +6,10 @@ Shared by the SDK and the server, so both sides agree field by field. Only ``gua
 for optional text fields (``parent_run_id``, ``last_tool``, ``last_action_hash``).
 
 Functions raise :class:`guard.errors.InvalidInput` on values that cannot be represented
-(unknown status or reason strings, negative or non-finite counters).
+(unknown status or reason strings, negative or non-finite counters) or that are outside the
+bounds of :mod:`guard.bounds` (ids, texts, counters, costs, timestamps; sizes raise its
+subclass ``InputTooLarge``). The ``check_*`` functions validate the guard-bound messages of
+the control stream as a whole, before any of them is applied.
 """
 
 from __future__ import annotations
@@ -14,7 +17,20 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from guard.errors import InvalidInput
+from guard.bounds import (
+    MAX_COST_USD_PER_RECORD,
+    MAX_COUNTER,
+    MAX_ID_CHARS,
+    MAX_LIMIT_S,
+    MAX_RUNS_PER_MESSAGE,
+    MAX_TEXT_CHARS,
+    check_count,
+    check_finite,
+    check_id,
+    check_text,
+    check_unix,
+)
+from guard.errors import InputTooLarge, InvalidInput
 from guard.policy._types import (
     DEFAULT_SOFT_THRESHOLDS,
     USAGE_COUNTERS,
@@ -32,6 +48,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
+    "check_allowance_request",
+    "check_heartbeat",
+    "check_hello",
+    "check_run_started",
     "limits_from_pb",
     "limits_to_pb",
     "outcome_from_pb",
@@ -46,6 +66,9 @@ __all__ = [
 
 _INT_LIMITS = ("max_steps", "max_tool_calls", "max_model_calls", "max_tokens", "reserve_tokens")
 _FLOAT_LIMITS = ("max_cost_usd", "deadline_s", "reserve_s")
+_FLOAT_MAX = {"max_cost_usd": MAX_COST_USD_PER_RECORD, "deadline_s": MAX_LIMIT_S}
+_MAX_THRESHOLDS = 16  # soft_thresholds entries (the default has three)
+_MAX_LOOP_SETTING = 1_000_000  # loop window / repeat threshold / no-progress steps
 
 
 def _finite(name: str, value: float) -> float:
@@ -93,16 +116,25 @@ def limits_from_pb(msg: pb.Limits | None) -> Limits:
             value = int(getattr(msg, name))
             if value < 0:
                 raise InvalidInput(f"limits.{name} must be >= 0 (got {value})")
-            kw[name] = value
+            kw[name] = check_count(f"limits.{name}", value)
     for name in _FLOAT_LIMITS:
         if msg.HasField(name):
             value = _finite(f"limits.{name}", getattr(msg, name))
             if value < 0:
                 raise InvalidInput(f"limits.{name} must be >= 0 (got {value})")
-            kw[name] = value
-    thresholds = tuple(_finite("limits.soft_thresholds", x) for x in msg.soft_thresholds)
+            kw[name] = check_finite(f"limits.{name}", value, _FLOAT_MAX.get(name, MAX_LIMIT_S))
+    if len(msg.soft_thresholds) > _MAX_THRESHOLDS:
+        raise InputTooLarge(
+            f"limits.soft_thresholds has {len(msg.soft_thresholds)} entries (max {_MAX_THRESHOLDS})"
+        )
+    thresholds = tuple(check_finite("limits.soft_thresholds", x, 1.0) for x in msg.soft_thresholds)
     kw["soft_thresholds"] = thresholds or DEFAULT_SOFT_THRESHOLDS
     if msg.HasField("loop"):
+        for name in ("window", "repeat_threshold", "no_progress_steps"):
+            if getattr(msg.loop, name) > _MAX_LOOP_SETTING:
+                raise InvalidInput(
+                    f"limits.loop.{name} {getattr(msg.loop, name)} exceeds {_MAX_LOOP_SETTING}"
+                )
         default = LoopSettings()
         # A zero in a uint32 loop field means "not sent": keep the default rather than a
         # detector that fires on every call.
@@ -132,15 +164,20 @@ def usage_to_pb(usage: Usage | None) -> pb.Usage:
 
 
 def usage_from_pb(msg: pb.Usage | None) -> Usage:
-    """``guard.v1.Usage`` -> policy :class:`Usage`. Rejects NaN, infinite or negative cost."""
+    """``guard.v1.Usage`` -> policy :class:`Usage`. Rejects NaN, infinite or negative cost,
+    counters above :data:`~guard.bounds.MAX_COUNTER` and a cost above
+    :data:`~guard.bounds.MAX_COST_USD_PER_RECORD`."""
     if msg is None:
         return Usage()
     usage = Usage(**{name: int(getattr(msg, name)) for name in USAGE_COUNTERS})
+    for name in USAGE_COUNTERS:
+        if getattr(usage, name) > MAX_COUNTER:
+            check_count(f"usage.{name}", getattr(usage, name))
     if msg.HasField("cost_usd"):
         cost = _finite("usage.cost_usd", msg.cost_usd)
         if cost < 0:
             raise InvalidInput(f"usage.cost_usd must be >= 0 (got {cost})")
-        usage.cost_usd = cost
+        usage.cost_usd = check_finite("usage.cost_usd", cost, MAX_COST_USD_PER_RECORD)
     return usage
 
 
@@ -156,10 +193,12 @@ def outcome_to_pb(outcome: Outcome) -> pb.Outcome:
         agent=outcome.agent or "",
         status=str(Status(outcome.status).value),
         reason=str(Reason(outcome.reason).value),
-        message=outcome.message or "",
+        # cut to the bounds the guard enforces, so a long exception text or tool name is
+        # never a record the guard must refuse (the agent would resend it forever)
+        message=(outcome.message or "")[:MAX_TEXT_CHARS],
         usage=usage_to_pb(outcome.usage),
         elapsed_ms=max(0, int(outcome.elapsed_ms)),
-        last_tool=outcome.last_tool or "",
+        last_tool=(outcome.last_tool or "")[:MAX_ID_CHARS],
         last_action_hash=outcome.last_action_hash or "",
         loop_hits=max(0, int(outcome.loop_hits)),
         partial_result=bool(outcome.partial_result),
@@ -185,16 +224,35 @@ def _enum(kind: type, field: str, value: str, default: Any = None) -> Any:
         raise InvalidInput(f"outcome.{field} {value!r} is not one of: {allowed}") from None
 
 
+_OUTCOME_IDS = (
+    "parent_run_id",
+    "tenant",
+    "agent",
+    "status",
+    "reason",
+    "last_tool",
+    "last_action_hash",
+    "decided_by",
+    "price_book_version",
+    "trace_id",
+)
+
+
 def outcome_from_pb(msg: pb.Outcome) -> Outcome:
     """``guard.v1.Outcome`` -> policy :class:`Outcome`.
 
     Raises :class:`InvalidInput` for a missing run_id or an unknown status/reason.
     """
-    if not msg.run_id:
-        raise InvalidInput("outcome.run_id is empty")
+    check_id("outcome.run_id", msg.run_id, required=True)
+    for name in _OUTCOME_IDS:
+        check_id(f"outcome.{name}", getattr(msg, name))
+    check_text("outcome.message", msg.message)
     usage = usage_from_pb(msg.usage)
-    started = _finite("outcome.started_at_unix", msg.started_at_unix)
-    ended = _finite("outcome.ended_at_unix", msg.ended_at_unix)
+    started = check_unix("outcome.started_at_unix", msg.started_at_unix)
+    ended = check_unix("outcome.ended_at_unix", msg.ended_at_unix)
+    check_count("outcome.elapsed_ms", msg.elapsed_ms)
+    if msg.HasField("deadline_ms"):
+        check_count("outcome.deadline_ms", msg.deadline_ms)
     return Outcome(
         run_id=msg.run_id,
         status=_enum(Status, "status", msg.status),
@@ -280,3 +338,63 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
     """``guard.v1.Policy`` -> ``(version, run_defaults, price_book)`` for the SDK."""
     defaults = limits_from_pb(msg.run_defaults) if msg.HasField("run_defaults") else Limits()
     return msg.version, defaults, price_book_from_pb(msg.prices)
+
+
+# ------------------------------------------------------------- control-stream validation
+
+
+def _check_trace_hex(name: str, value: str) -> None:
+    if value and (len(value) != 32 or value.strip("0123456789abcdefABCDEF")):
+        raise InvalidInput(f"{name} {value[:40]!r} is not 32 hex characters")
+
+
+def check_run_started(rs: pb.RunStarted) -> None:
+    """Validate one ``RunStarted`` (or ``Hello.live_runs`` entry) against the bounds.
+
+    Ids and names, the trace id, the start time, the requested limits and the re-registered
+    usage; raises ``InvalidInput`` / ``InputTooLarge`` and changes nothing.
+    """
+    check_id("run_started.run_id", rs.run_id, required=True)
+    check_id("run_started.parent_run_id", rs.parent_run_id)
+    check_id("run_started.tenant", rs.tenant)
+    check_id("run_started.agent", rs.agent)
+    _check_trace_hex("run_started.trace_id", rs.trace_id)
+    check_unix("run_started.started_at_unix", rs.started_at_unix)
+    if rs.HasField("requested"):
+        limits_from_pb(rs.requested)
+    if rs.HasField("usage"):
+        usage_from_pb(rs.usage)
+
+
+def _check_runs_in_message(name: str, n: int) -> None:
+    if n > MAX_RUNS_PER_MESSAGE:
+        raise InputTooLarge(f"{name} lists {n} runs (max {MAX_RUNS_PER_MESSAGE} per message)")
+
+
+def check_hello(hello: pb.Hello, *, live_runs: bool = True) -> None:
+    """Validate a ``Hello`` whole before any of it is applied. ``live_runs=False`` checks
+    their number only: the caller checks each with :func:`check_run_started` (the control
+    reader does, in slices that yield to its event loop)."""
+    check_id("hello.tenant", hello.tenant)
+    check_id("hello.process_id", hello.process_id)
+    check_id("hello.host", hello.host)
+    check_id("hello.sdk_version", hello.sdk_version)
+    _check_runs_in_message("hello.live_runs", len(hello.live_runs))
+    for rs in hello.live_runs if live_runs else ():
+        check_run_started(rs)
+
+
+def check_heartbeat(hb: pb.Heartbeat) -> None:
+    """Validate a ``Heartbeat``: at most ``MAX_RUNS_PER_MESSAGE`` runs, bounded ids."""
+    _check_runs_in_message("heartbeat.runs", len(hb.runs))
+    for rp in hb.runs:
+        check_id("heartbeat.runs.run_id", rp.run_id)
+
+
+def check_allowance_request(req: pb.AllowanceRequest) -> None:
+    """Validate an ``AllowanceRequest``: its run id, the amounts asked for and the usage."""
+    check_id("allowance_request.run_id", req.run_id, required=True)
+    check_finite("allowance_request.cost_usd", req.cost_usd, MAX_COST_USD_PER_RECORD)
+    check_count("allowance_request.tokens", req.tokens)
+    if req.HasField("usage"):
+        usage_from_pb(req.usage)

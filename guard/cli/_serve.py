@@ -98,6 +98,9 @@ async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:
         drain_s=args.drain_s,
     )
     await server.start()
+    from guard.server._gc import bound_gc_pauses
+
+    bound_gc_pauses()  # full collections would otherwise hold the loop for 100 ms
     if args.json:
         print(json.dumps({"address": server.address, "guard_id": server.guard_id}), flush=True)
     else:

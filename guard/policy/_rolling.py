@@ -47,6 +47,13 @@ ROLLING_METRICS = (
 )
 
 
+WINDOW_CAP = 1e300  # a window's buckets and total saturate here, never reach inf
+
+
+def _saturate(x: float) -> float:
+    return x if -WINDOW_CAP <= x <= WINDOW_CAP else math.copysign(WINDOW_CAP, x)
+
+
 class RollingWindow:
     """A bucketed sliding-window sum (see the module docstring for the exact semantics)."""
 
@@ -105,8 +112,16 @@ class RollingWindow:
             self._total -= self._sums[slot]
             self._sums[slot] = 0.0
             self._ids[slot] = b
-        self._sums[slot] += value
-        self._total += value
+        # A sum of finite values can still overflow to inf (which would stop a tenant
+        # forever and poison every later sum): bucket and total saturate at WINDOW_CAP, far
+        # above any limit, so the window still reads "over its limit" and stays finite.
+        new = self._sums[slot] + value
+        if -WINDOW_CAP <= new <= WINDOW_CAP and -WINDOW_CAP <= self._total + value <= WINDOW_CAP:
+            self._sums[slot] = new
+            self._total += value
+        else:
+            self._sums[slot] = _saturate(new)
+            self._total = _saturate(math.fsum(self._sums))
 
     def total(self, now: float) -> float:
         """Sum of the values in the window ending at ``now``."""

@@ -1,7 +1,10 @@
 """``GuardAdmin``: fleet cancel, live runs, tenant budgets and the store's report.
 
 A tenant token sees and cancels only its own tenant's runs; ``--all`` needs the admin token.
-Report reads the attached store in a worker thread (ClickHouse queries block).
+Report reads the attached store in a worker thread (ClickHouse queries block). Stats (admin
+only) returns the guard's figures: event-loop lag and the registry's counters. Every request
+field is bounded (:mod:`guard.bounds`) before it is used; a long listing is built in slices
+that yield to the event loop.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from guard.bounds import MAX_QUERY_UNIX_S, check_finite, check_id, check_text
 from guard.errors import GuardUnavailable, InvalidInput
 from guard.server._auth import Principal
 from guard.server._state import RunState
@@ -23,6 +27,8 @@ __all__ = ["AdminServicer", "run_status"]
 
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 100_000
+LIST_SLICE = 500  # run statuses built between two yields to the event loop
+MAX_BUCKET_S = 366 * 86_400  # Report bucket width
 
 
 def run_status(run: RunState) -> pb.RunStatus:
@@ -70,13 +76,17 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
             raise InvalidInput("selector.all must be true")
         if target != "all" and not value:
             raise InvalidInput(f"selector.{target} is empty")
-        ids = self.app.registry.cancel(target, value, request.reason[:1000], principal)
+        if target != "all":
+            check_id(f"selector.{target}", value)
+        check_text("reason", request.reason)
+        ids = self.app.registry.cancel(target, value, request.reason, principal)
         return pb.CancelResponse(run_ids=ids)
 
     @grpc_errors
     async def ListRuns(self, request: pb.ListRunsRequest, context: Any) -> pb.ListRunsResponse:
         principal = self._principal(context)
-        tenant = request.tenant
+        tenant = check_id("tenant", request.tenant)
+        check_id("agent", request.agent)
         if principal.tenant is not None:
             if tenant and tenant != principal.tenant:
                 raise PermissionDenied(
@@ -94,7 +104,18 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
             runs = [r for r in runs if r.agent == request.agent]
         runs.sort(key=lambda r: r.started_at)
         limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-        return pb.ListRunsResponse(runs=[run_status(r) for r in runs[:limit]], total=len(runs))
+        total = len(runs)
+        statuses = []
+        for start in range(0, min(limit, total), LIST_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            # a run may have ended while this listing yielded: list the ones still live
+            statuses.extend(
+                run_status(r)
+                for r in runs[start : min(start + LIST_SLICE, limit)]
+                if registry.runs.get(r.run_id) is r
+            )
+        return pb.ListRunsResponse(runs=statuses, total=total)
 
     @grpc_errors
     async def TenantBudgets(
@@ -102,6 +123,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
     ) -> pb.TenantBudgetsResponse:
         principal = self._principal(context)
         tenants = self.app.registry.tenants
+        check_id("tenant", request.tenant)
         if request.tenant:
             principal.check_tenant(request.tenant, "the budget")
             names = [request.tenant]
@@ -114,7 +136,15 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
     @grpc_errors
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
         principal = self._principal(context)
-        tenant = request.tenant or None
+        tenant = check_id("tenant", request.tenant) or None
+        check_id("agent", request.agent)
+        since = until = None
+        if request.HasField("since_unix"):
+            since = check_finite("since_unix", request.since_unix, MAX_QUERY_UNIX_S)
+        if request.HasField("until_unix"):
+            until = check_finite("until_unix", request.until_unix, MAX_QUERY_UNIX_S)
+        if request.bucket_s > MAX_BUCKET_S:
+            raise InvalidInput(f"bucket_s {request.bucket_s} exceeds {MAX_BUCKET_S}")
         if principal.tenant is not None:
             if tenant and tenant != principal.tenant:
                 raise PermissionDenied(
@@ -130,8 +160,8 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
             )
         result = await asyncio.to_thread(
             report,
-            since=request.since_unix if request.HasField("since_unix") else None,
-            until=request.until_unix if request.HasField("until_unix") else None,
+            since=since,
+            until=until,
             tenant=tenant,
             agent=request.agent or None,
             bucket_s=request.bucket_s or 60,
@@ -140,3 +170,9 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         from guard.store import report_to_pb
 
         return report_to_pb(result)
+
+    @grpc_errors
+    async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
+        """The guard's figures (admin token only): see ``GuardServer.figures``."""
+        self._principal(context).require_admin("Stats")
+        return pb.StatsResponse(guard_id=self.app.guard_id, figures=self.app.figures())

@@ -32,9 +32,11 @@ from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
 from guard.server._control import ControlServicer
 from guard.server._fanout import AgentSession
+from guard.server._looplag import LoopLag
 from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
 from guard.server._otlp import trace_service_handler
 from guard.server._registry import Registry
+from guard.server._safe import add_safely
 from guard.server._sinks import NullSink
 from guard.v1 import guard_pb2, guard_pb2_grpc
 from guard.wire import policy_to_pb
@@ -54,6 +56,7 @@ DEFAULT_LISTEN = "127.0.0.1:4317"
 DEFAULT_DRAIN_S = 10.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # larger OTLP batches get RESOURCE_EXHAUSTED
 SWEEP_INTERVAL_S = 0.25
+SWEEP_BATCH = 256  # runs ended by one sweep slice
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class GuardServer:
         self._health = HealthServicer()
         self._sessions: set[AgentSession] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.loop_lag = LoopLag()
         self._stopped: asyncio.Event | None = None
 
     @property
@@ -130,6 +134,18 @@ class GuardServer:
     def detach_session(self, session: AgentSession) -> None:
         self._sessions.discard(session)
 
+    def figures(self) -> dict[str, float]:
+        """``GuardAdmin.Stats``: event-loop lag (ms) and the registry's counters."""
+        registry = self.registry
+        out = self.loop_lag.figures()
+        out.update({k: float(v) for k, v in registry.stats.items()})
+        out["runs_tracked"] = float(len(registry.runs))
+        out["runs_detached"] = float(len(registry.detached))
+        out["runs_span_only"] = float(len(registry.span_only))
+        out["sessions"] = float(len(self._sessions))
+        out["tenants_known"] = float(len(registry.tenants.known()))
+        return out
+
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> GuardServer:
         options = [
@@ -141,9 +157,10 @@ class GuardServer:
         ]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((trace_service_handler(self),))
-        guard_pb2_grpc.add_GuardControlServicer_to_server(ControlServicer(self), server)
-        guard_pb2_grpc.add_GuardAdminServicer_to_server(AdminServicer(self), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        # request bodies that do not parse get INVALID_ARGUMENT, not UNKNOWN and a traceback
+        add_safely(guard_pb2_grpc.add_GuardControlServicer_to_server, ControlServicer(self), server)
+        add_safely(guard_pb2_grpc.add_GuardAdminServicer_to_server, AdminServicer(self), server)
+        add_safely(health_pb2_grpc.add_HealthServicer_to_server, self._health, server)
         names = (
             OTLP_SERVICE,
             guard_pb2.DESCRIPTOR.services_by_name["GuardControl"].full_name,
@@ -166,6 +183,7 @@ class GuardServer:
         for name in ("", *names[:3]):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._sweeper = asyncio.ensure_future(self._sweep_forever())
+        self.loop_lag.start()
         log.info("otel-guard %s listening on %s", self.guard_id, self.address)
         return self
 
@@ -173,7 +191,8 @@ class GuardServer:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             try:
-                self.registry.sweep()
+                while self.registry.sweep(limit=SWEEP_BATCH):  # a mass agent_lost, in slices
+                    await asyncio.sleep(0)
             except Exception:
                 log.exception("sweep failed")
 
@@ -193,6 +212,7 @@ class GuardServer:
         await self._server.stop(grace=budget / 2)
         if self._sweeper is not None:
             self._sweeper.cancel()
+        self.loop_lag.stop()
         for session in list(self.registry.sessions):
             session.expire(time.monotonic(), all_pending=True)
         flush = getattr(self.sink, "flush", None)

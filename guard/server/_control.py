@@ -4,6 +4,11 @@ The servicer only adapts: a reader task turns AgentMessages into registry calls,
 coroutine writes whatever the registry queued for this session. A protocol violation (no
 Hello first, an empty run id, another tenant's run) ends the stream with a clear status; a
 dropped stream detaches the session's runs (``agent_grace_s`` before ``agent_lost``).
+
+Every message is validated whole against :mod:`guard.bounds` before any of it is applied
+(``guard.wire.check_*``), and a Hello re-registering many live runs is applied in slices of
+:data:`HELLO_SLICE` runs that yield to the event loop between them, so one agent's reconnect
+cannot hold the loop (and every other tenant's decisions) for long.
 """
 
 from __future__ import annotations
@@ -20,9 +25,18 @@ from guard.server._fanout import AgentSession
 from guard.server._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
-from guard.wire import outcome_from_pb, policy_to_pb
+from guard.wire import (
+    check_heartbeat,
+    check_hello,
+    check_run_started,
+    outcome_from_pb,
+    policy_to_pb,
+)
 
-__all__ = ["ControlServicer"]
+__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer"]
+
+HELLO_SLICE = 32  # Hello.live_runs registered between two yields to the event loop
+HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
 
 
 class ControlServicer(guard_pb2_grpc.GuardControlServicer):
@@ -48,17 +62,30 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         if body != "hello":
                             raise InvalidInput(f"first message must be hello, got {body}")
                         first = False
+                        hello = msg.hello
+                        check_hello(hello, live_runs=False)
                         # authorise before welcoming: a refused stream gets no policy
-                        principal.check_tenant(
-                            msg.hello.tenant or (principal.tenant or ""), "the stream"
-                        )
+                        tenant = hello.tenant or (principal.tenant or "")
+                        principal.check_tenant(tenant, "the stream")
+                        # all or nothing: every live run is checked before any is applied
+                        for i, rs in enumerate(hello.live_runs, 1):
+                            check_run_started(rs)
+                            principal.check_tenant(rs.tenant or tenant)
+                            if i % HELLO_CHECK_SLICE == 0:
+                                await asyncio.sleep(0)
                         session.send("welcome", self._welcome(session))
-                        registry.hello(session, msg.hello, principal)
+                        registry.hello(session, hello, principal, restore=False)
+                        for i, rs in enumerate(hello.live_runs, 1):
+                            registry.register(session, rs, principal, restoring=True)
+                            if i % HELLO_SLICE == 0:
+                                await asyncio.sleep(0)
                     elif body == "run_started":
+                        check_run_started(msg.run_started)
                         registry.register(session, msg.run_started, principal)
                     elif body == "ack":
                         registry.ack(session, msg.ack)
                     elif body == "heartbeat":
+                        check_heartbeat(msg.heartbeat)
                         registry.heartbeat(session, msg.heartbeat)
                     elif body == "run_ended":
                         registry.ended_by_agent(

@@ -199,8 +199,7 @@ class Decisions:
         """GuardAdmin.Cancel. ``target`` is the Selector oneof name."""
         detail = detail or "cancelled by operator"
         if target == "run_id":
-            runs = [self.get(value)]
-            principal.check_tenant(runs[0].tenant)
+            runs = [self.get(value, principal)]  # another tenant's run: NOT_FOUND, as unknown
         elif target == "tenant":
             principal.check_tenant(value, "runs")
             runs = [self.runs[i] for i in self.by_tenant.get(value, ()) if i in self.runs]

@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from guard.bounds import MAX_COST_USD_PER_SPAN, MAX_COUNTER, MAX_ID_CHARS
+
 __all__ = [
     "ACTION_FP",
     "AGENT",
@@ -59,8 +61,9 @@ KIND_STEP = 2  # a ``guard.step`` span ended
 KIND_MODEL = 3  # a model call (ours or a foreign GenAI span)
 KIND_TOOL = 4  # a tool call (``execute_tool {tool}``)
 
-_MAX_ID_CHARS = 256  # run ids, tenants, hashes: anything longer is not ours
-_MAX_COUNTER = 1 << 40  # ~1e12 tokens in one call is an attack or a bug, not usage
+_MAX_ID_CHARS = MAX_ID_CHARS  # run ids, tenants, hashes: anything longer is not ours
+_MAX_COUNTER = MAX_COUNTER  # 1e12 tokens in one call is an attack or a bug, not usage
+_MAX_COST = MAX_COST_USD_PER_SPAN  # per span: any sum of them stays far from float overflow
 
 # Observation layout: one flat list per span (a list copy is far cheaper than an object with
 # thirty attributes). Indices 0..25 are attribute slots, 26..30 span fields, 31 spare, 32 the
@@ -114,7 +117,6 @@ _STOP_STATUS, _STOP_REASON, _USAGE_STEPS, _USAGE_TOOLS, _CACHE_CREATION = range(
 
 _STR, _INT, _FLOAT, _BOOL, _HEX = 0, 1, 2, 3, 4
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
-_INF = math.inf
 
 # key -> (slot, type). Several spellings share one slot.
 _KEYS: dict[str, tuple[int, int]] = {
@@ -285,6 +287,8 @@ def _value(v, typ: int):
             raise _Bad(f"expected a number, got {which}")
         if not math.isfinite(d) or d < 0:
             raise _Bad(f"cost {d!r} must be finite and >= 0")
+        if d > _MAX_COST:
+            raise _Bad(f"cost {d!r} exceeds {_MAX_COST:g} USD per span")
         return d
     if which == "bool_value":
         return v.bool_value
@@ -380,7 +384,7 @@ def decode_spans(spans: Sequence, out: Decoded | None = None) -> Decoded:
                     o[slot] = x if ok else _value(v, typ)
                 elif typ == _FLOAT:
                     d = v.double_value
-                    o[slot] = d if 0.0 < d < _INF else _value(v, typ)
+                    o[slot] = d if 0.0 < d <= _MAX_COST else _value(v, typ)
                 else:
                     o[slot] = True if v.bool_value else _value(v, typ)
             if o is None:

@@ -156,9 +156,13 @@ class Ingest:
                     continue  # a GenAI span outside any guarded run: not ours to count
             if run is not cur:
                 if scope is not None and run.tenant != scope:
-                    rejected += 1
-                    if len(errors) < 5:
-                        errors.append(f"run {run_id[:64]!r} belongs to another tenant")
+                    # Another tenant's run (by guard.run.id, or owning the trace of a foreign
+                    # span): never charged, and answered like a run nobody has (see _foreign)
+                    if run_id and self._foreign_refused():
+                        rejected += 1
+                        if len(errors) < 5:
+                            errors.append(f"run {run_id[:64]!r}: not admitted (capacity/tenant)")
+                    last_id = None
                     continue
                 cur = run
                 usage = spent.get(run.tenant)
@@ -302,6 +306,15 @@ class Ingest:
                     self._decide_parents(run, phase)
         return rejected, errors
 
+    def _foreign_refused(self) -> bool:
+        """For a span naming another tenant's run: would a run nobody has be refused here?
+
+        Such a span is dropped either way (one id cannot name two runs, so no implicit run is
+        made); this only makes the answer the same as for an unknown id, which is refused
+        when the guard is at capacity with no span-only run to forget.
+        """
+        return len(self.runs) >= self.max_runs and not self.span_only
+
     def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
         """A span of a run that never said RunStarted: track it from its spans alone."""
         if len(self.runs) >= self.max_runs and not self._make_room():
@@ -310,12 +323,13 @@ class Ingest:
         tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
             return None
+        trace = o[TRACE_ID]
         run = self._new_run(
             o[RUN_ID],
             tenant=tenant,
             agent=o[AGENT] or "",
-            parent_run_id=o[PARENT_RUN] or "",
-            trace=o[TRACE_ID],
+            parent_run_id=o[PARENT_RUN] or "",  # another tenant's run is no parent (_new_run)
+            trace=trace if len(trace) == 16 else b"",  # OTLP trace ids are 16 bytes
             started_at=0.0,
             limits=self.config.effective_limits(None),
             session=None,

@@ -49,6 +49,11 @@ class Lifecycle:
         RecordAck once the sink holds it durably (the store's WAL), a repeat at once: the
         agent resends it until then."""
         run = self.runs.get(outcome.run_id)
+        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
+            # Another tenant's live run: never end it, never write over its record. Answered
+            # exactly like a repeat of a record already written (acked, nothing changes).
+            self._ack_record(session, outcome.run_id)
+            return
         if not outcome.tenant:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
@@ -135,18 +140,33 @@ class Lifecycle:
             run.session.runs.discard(rid)
 
     # -- housekeeping ----------------------------------------------------------------------
-    def sweep(self) -> None:
-        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions."""
+    def sweep(self, limit: int | None = None) -> bool:
+        """Periodic: agent_lost after grace, idle span-only runs, unacked decisions.
+
+        ``limit``: end at most that many runs of each kind, so a mass disconnect is ended in
+        slices (the server yields to its loop between calls); True when work is left.
+        """
         now = self.clock()
-        for run in [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]:
+        lost = [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]
+        # provisional: spans of a run whose agent never came back to register it
+        unclaimed = [
+            r
+            for r in self.span_only.values()
+            if r.provisional and now - r.touched_at >= self.grace_s
+        ]
+        idle = [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]
+        more = limit is not None and any(len(x) > limit for x in (lost, unclaimed, idle))
+        for run in lost[:limit]:
             self._agent_gone(run, f"agent stream lost for {now - run.detached_at:.1f}s")
-        for run in [r for r in self.span_only.values() if r.provisional]:
-            if now - run.touched_at >= self.grace_s:  # its agent never came back for it
+        for run in unclaimed[:limit]:
+            if run.run_id in self.runs:
                 self._agent_gone(run, f"agent did not register the run within {self.grace_s:g}s")
-        for run in [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]:
-            self._finish(run)
+        for run in idle[:limit]:
+            if run.run_id in self.runs:
+                self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
+        return more
 
     def _agent_gone(self, run: RunState, why: str) -> None:
         """The record of a run whose agent did not come back within the grace period: an

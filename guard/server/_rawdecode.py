@@ -46,9 +46,9 @@ from guard.server._decode import (
     _HEX,
     _HEXCHARS,
     _IN,
-    _INF,
     _INT,
     _KEYS,
+    _MAX_COST,
     _MODEL,
     _MODEL_OPS,
     _OP,
@@ -275,8 +275,8 @@ def _read(raw: bytes) -> tuple[int, Any]:
                     value = (b0 & 0x7F) | ((b1 & 0x7F) << 7) | (b2 << 14)
             elif typ == _FLOAT:
                 value = _DOUBLE(raw, n + 5)[0]
-                if not 0.0 < value < _INF:
-                    raise IndexError
+                if not 0.0 < value <= _MAX_COST:
+                    raise IndexError  # zero, negative, NaN, too large: the reference path
             elif raw[n + 5] == 1:
                 value = True
             else:

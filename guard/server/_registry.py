@@ -157,10 +157,15 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
             raise InvalidInput("tenant/agent longer than 256 chars")
         run = self.runs.get(rs.run_id)
+        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
+            # Another tenant's live run: never attach it, and never say whose it is. (An id
+            # nobody has would be admitted; one id cannot name two runs, so this one is
+            # refused like a reused id, in words that do not depend on the other tenant.)
+            self._deny(session, rs, tenant, Reason.ERROR.value, "run_id is already in use")
+            return
         waiting: RunState | None = None
         kept: Any = None
         if run is not None:
-            principal.check_tenant(run.tenant)
             if not run.provisional:
                 self._attach(run, session)
                 self._admit_msg(session, run, rs.request_id)
@@ -257,6 +262,8 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         restoring: bool = False,
     ) -> RunState:
         parent = self.runs.get(parent_run_id) if parent_run_id else None
+        if parent is not None and parent.tenant != tenant:
+            parent = None  # another tenant's run is no parent: exactly as if it were unknown
         # Re-registered after a reconnect: the deadline clock resumes from the agent's start
         # time (only then: for new runs, agent/guard clock skew must not eat the deadline).
         age = time.time() - started_at if restoring else 0.0
@@ -336,7 +343,11 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         return True
 
     # -- sessions --------------------------------------------------------------------------
-    def hello(self, session: AgentSession, hello: pb.Hello, principal: Principal) -> None:
+    def hello(
+        self, session: AgentSession, hello: pb.Hello, principal: Principal, *, restore: bool = True
+    ) -> None:
+        """Open a session. ``restore=False``: the caller registers ``hello.live_runs`` itself
+        (the control reader does, in slices that yield to the event loop)."""
         tenant = hello.tenant or (principal.tenant or "")
         principal.check_tenant(tenant, "the stream")
         session.tenant = tenant
@@ -345,7 +356,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         session.pid = hello.pid
         self.sessions.add(session)
         self._ended_elsewhere(hello.ended_runs, tenant)
-        for rs in hello.live_runs:
+        for rs in hello.live_runs if restore else ():
             self.register(session, rs, principal, restoring=True)
 
     def detach(self, session: AgentSession) -> None:
@@ -375,8 +386,14 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
                 (run.budget.pause if rp.paused else run.budget.resume)()
             self.check_deadline(run)
 
-    def get(self, run_id: str) -> RunState:
+    def get(self, run_id: str, principal: Principal | None = None) -> RunState:
+        """The live run ``run_id``; another tenant's run (for ``principal``) is answered
+        exactly like an unknown one."""
         run = self.runs.get(run_id)
-        if run is None:
+        if run is None or (
+            principal is not None
+            and principal.tenant is not None
+            and run.tenant != principal.tenant
+        ):
             raise UnknownRun(f"run {run_id[:64]!r} is not live on this guard")
         return run

@@ -21,6 +21,7 @@ from guard.errors import (
     ConfigError,
     GuardError,
     GuardUnavailable,
+    InputTooLarge,
     InvalidInput,
     StoreError,
 )
@@ -54,6 +55,7 @@ _MAP: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (AuthError, grpc.StatusCode.UNAUTHENTICATED),
     (UnknownRun, grpc.StatusCode.NOT_FOUND),
+    (InputTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),

@@ -101,8 +101,8 @@ def test_outcome_round_trip() -> None:
         recoverable=True,
         decided_by=DecidedBy.GUARD,
         price_book_version="v1",
-        started_at=1.5,
-        ended_at=2.5,
+        started_at=1_750_000_000.5,  # timestamps are bounded to 2000-01-01 .. now + 1 day
+        ended_at=1_750_000_001.5,
     )
     assert outcome_from_pb(outcome_to_pb(o)) == o
     bare = Outcome(run_id="r2", status=Status.COMPLETED, reason=Reason.FINAL_ANSWER)

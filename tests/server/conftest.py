@@ -229,6 +229,17 @@ def env_with(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+async def two_tenants(address: str) -> tuple[Agent, Agent]:
+    """Agents of acme (run a1, trace 2) and globex (run g1, trace 3) on ``address``."""
+    acme = Agent(address, token="acme-secret", tenant="acme")
+    await acme.connect()
+    await acme.start_run("a1", trace_id_of(2))
+    globex = Agent(address, token="globex-secret", tenant="globex")
+    await globex.connect(process_id="g")
+    await globex.start_run("g1", trace_id_of(3))
+    return acme, globex
+
+
 async def eventually(pred, timeout: float = 5.0) -> bool:
     """Poll ``pred()`` on the running loop (the server shares it) until true or timeout."""
     deadline = asyncio.get_running_loop().time() + timeout

@@ -1,57 +1,81 @@
-"""Property tests: no byte string or attribute value makes decode or ingest raise."""
+"""Fuzz: raw bytes and structured mutations into the guard's real fast parse path and its real
+servicers (the bounded run of ``make test``; ``benchmarks/fuzz_soak.py`` runs >= 1M).
+
+In process, bodies go through ``_otlp.parse_export`` (``LiteRequest.FromString``), the chunked
+decoder and ``Registry.ingest``, and agent messages through the wire checks into the registry
+(tests/server/fuzzing.py); over grpc, raw bodies reach OTLP Export, GuardControl.Attach,
+GuardAdmin and Health on a real guard with auth. Checked per message or batch: nothing but a
+``GuardError`` escapes, no UNKNOWN / INTERNAL, no traceback or ERROR logged, health answers
+afterwards, no non-finite value in a run budget or tenant window, runs under their cap.
+"""
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
-from guard.server import MemorySink, decode_request
-from guard.server._auth import ANONYMOUS
-from guard.server._decode import _KEYS
-from guard.server._registry import Registry
+from guard.errors import InvalidInput
+from guard.server import ServerThread
+from guard.server._otlp import CHUNK_SPANS, decode_chunk, parse_export
+from guard.server._rawdecode import lite_chunks
 
-from .conftest import config, request, span
+from .conftest import AUTH, AUTH_ENV
+from .fuzz_remote import Remote, drive
+from .fuzzing import Fuzzer, InProcess, fuzz_config, violations
 
-values = st.one_of(
-    st.integers(min_value=-(2**63), max_value=2**63 - 1),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=300),
-    st.booleans(),
-)
-keys = st.sampled_from([*sorted(_KEYS), "http.method", "gen_ai.system"])
-spans = st.lists(
-    st.tuples(
-        st.sampled_from(
-            ["chat gpt-4.1", "execute_tool search", "guard.step", "invoke_agent a", "x"]
-        ),
-        st.dictionaries(keys, values, max_size=8),
-        st.sampled_from([b"\x01" * 16, b"\x02" * 16]),
-    ),
-    max_size=12,
-)
+IN_PROCESS_MESSAGES = 3000
+OVER_GRPC_MESSAGES = 400
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spans)
-def test_arbitrary_attributes_never_raise(batch):
-    registry = Registry(config(), MemorySink(), guard_id="fuzz")
-    req = request(*[span(name, tid, attrs) for name, attrs, tid in batch])
-    decoded = decode_request(req)
-    assert decoded.rejected + len(decoded.observations) <= decoded.spans == len(batch)
-    rejected, _ = registry.ingest(decoded, ANONYMOUS)
-    assert rejected >= decoded.rejected
-    for run in registry.runs.values():
-        u = run.budget.usage()
-        assert min(u.steps, u.model_calls, u.tool_calls, u.input_tokens, u.output_tokens) >= 0
-        assert u.cost_usd is None or u.cost_usd >= 0
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=512))
-def test_random_bytes_either_parse_or_fail_cleanly(data):
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=1024))
+def test_random_bytes_reach_the_fast_parse_path(data):
+    """Raw bytes into LiteRequest.FromString and the decoder behind it: either a request, or
+    InvalidInput (the handler's INVALID_ARGUMENT); never another exception."""
     try:
-        req = otlp.ExportTraceServiceRequest.FromString(data)
-    except Exception:  # the servicer maps this to INVALID_ARGUMENT
-        return
-    decode_request(req)
+        request = parse_export(data)
+        for chunk in lite_chunks(request, CHUNK_SPANS):
+            decode_chunk(chunk)
+    except InvalidInput:
+        pass
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_in_process_fuzz_keeps_state_sane(seed):
+    f = Fuzzer(seed)
+    target = InProcess(fuzz_config(max_runs=60))
+    for i in range(IN_PROCESS_MESSAGES // 2):
+        who = f.rng.randrange(6)
+        if f.rng.random() < 0.6:
+            target.export(f.otlp_body(), who)
+        else:
+            target.control(f.agent_body(), who)
+        if i % 100 == 0:
+            target.sweep()
+            assert violations(target.registry) == [], f"after message {i}"
+    assert violations(target.registry) == []
+    assert target.refused > 0  # the fuzzer does reach the refusals
+
+
+def test_fuzz_over_grpc_never_unknown_nor_a_traceback(caplog):
+    caplog.set_level(logging.WARNING)
+    with ServerThread(fuzz_config(max_runs=60, auth=AUTH), environ=AUTH_ENV) as srv:
+        remote = Remote(srv.address, ["acme-secret", "globex-secret", "admin-secret", None, "bad"])
+        f = Fuzzer(7)
+        sent = 0
+        while sent < OVER_GRPC_MESSAGES:
+            sent += drive(remote, f, 50)
+            assert remote.crashes == []
+            assert remote.serving()
+            assert srv.call(lambda: violations(srv.server.registry)) == []
+        remote.close()
+    logged = [
+        f"{r.name}: {r.getMessage()[:200]}"
+        for r in caplog.records
+        if (r.levelno >= logging.ERROR or r.exc_info) and r.name.startswith(("guard", "grpc"))
+    ]
+    assert logged == []
+    assert {"OK", "INVALID_ARGUMENT"} <= set(remote.codes)  # both sides of the line reached
