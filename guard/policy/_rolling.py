@@ -281,6 +281,20 @@ class TenantBudget:
             self._held["cost_usd"] -= res.cost_usd
             self._held["tokens"] -= res.tokens
 
+    def headroom(self, now: float) -> tuple[float | None, float | None]:
+        """What the ``cost_usd`` and ``tokens`` windows have left (the tightest window of each,
+        net of held reservations, floored at 0); ``None`` = no window of that metric."""
+        out: list[float | None] = [None, None]
+        with self._lock:
+            for i, r in enumerate(self.limits.rolling):
+                j = 0 if r.metric == "cost_usd" else 1 if r.metric == "tokens" else -1
+                if j < 0:
+                    continue
+                left = max(0.0, r.limit - self._used(i, now))
+                prev = out[j]
+                out[j] = left if prev is None else min(prev, left)
+        return (out[0], out[1])
+
     def status(self, now: float) -> list[tuple[str, float, float, float]]:
         """``(metric, window_s, used, limit)`` for every rolling limit."""
         with self._lock:

@@ -64,6 +64,8 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         registry.ended_by_agent(
                             session, outcome_from_pb(msg.run_ended.outcome), principal
                         )
+                    elif body == "allowance_request":
+                        registry.allowances.request(session, msg.allowance_request, principal)
                     elif body == "hello":
                         raise InvalidInput("hello sent twice on one stream")
                     else:

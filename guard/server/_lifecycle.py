@@ -41,6 +41,7 @@ class Lifecycle:
     sink: Any
     clock: Any
     grace_s: float
+    allowances: Any
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins)."""
@@ -49,6 +50,7 @@ class Lifecycle:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
+            self.allowances.release(run, outcome)  # keeps the tail its final usage announces
             self._finish(run)
         elif outcome.run_id in self.ended:
             return
@@ -94,6 +96,7 @@ class Lifecycle:
             self.ended.popitem(last=False)
 
     def _finish(self, run: RunState) -> None:
+        self.allowances.release(run)  # every way out gives the tenant's grant back
         self._forget(run)
         if run.admitted:
             self.tenants.run_ended(run.tenant)
@@ -132,3 +135,4 @@ class Lifecycle:
             self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
+        self.allowances.renew()

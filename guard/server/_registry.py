@@ -29,6 +29,7 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
+from guard.server._allowances import Allowances
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions
 from guard.server._fanout import AgentSession, DecisionLog
@@ -96,6 +97,7 @@ class Registry(Ingest, Decisions, Lifecycle):
             "capacity_rejections": 0,
         }
         self._tenant_cut: dict[str, float] = {}
+        self.allowances = Allowances(self)
 
     # -- admission ------------------------------------------------------------------------
     def _check_id(self, run_id: str) -> None:
@@ -302,6 +304,7 @@ class Registry(Ingest, Decisions, Lifecycle):
         self.tenants.record(run.tenant, u)
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
+        self.allowances.on_admit(run, session)  # the run's ceilings arrive before its Admit
         body = pb.Admit(
             run_id=run.run_id,
             request_id=request_id,
