@@ -25,7 +25,6 @@ Pure: no I/O, and thread-safe (one lock per tenant).
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 from guard.errors import InvalidInput
@@ -70,9 +69,11 @@ class TenantAllowances:
         self.fraction = fraction
         self.tail_s = tail_s
         self._entries: dict[str, _Entry] = {}
-        self._out = [0.0, 0.0]  # sum of outstanding grants per metric
+        # The budget's own lock and its list of outstanding grants per metric: its
+        # reservations and these grants are checked against each other atomically.
+        self._out = budget._granted
         self._live = 0  # entries of live runs (the others are tails)
-        self._lock = threading.Lock()
+        self._lock = budget._lock
 
     # -- reading ----------------------------------------------------------------------------
     def tracked(self) -> bool:
@@ -118,7 +119,7 @@ class TenantAllowances:
                 self._live += 1
             if e.expires_at is not None:  # ended: nothing more for it
                 return self._grant_locked(run_id, e)
-            head = self.budget.headroom(now)
+            head = self.budget._headroom_locked(now)
             limits = self._limits()
             sharers = max(1, self._live)
             add = [0.0, 0.0]
@@ -172,17 +173,19 @@ class TenantAllowances:
     def observe(self, run_id: str, cost_usd: float, tokens: float) -> None:
         """The run's cumulative usage as the guard now sees it (it only grows): what it
         spent moves from its outstanding grant into the windows."""
+        v = [_finite(cost_usd), _finite(tokens)]
         with self._lock:
             e = self._entries.get(run_id)
             if e is not None:
-                self._set_seen_locked(e, [_finite(cost_usd), _finite(tokens)], cumulative=True)
+                self._set_seen_locked(e, v, cumulative=True)
 
     def spend_late(self, run_id: str, cost_usd: float, tokens: float) -> None:
         """Usage of a run that already ended (its late spans): consumes its tail."""
+        v = [_finite(cost_usd), _finite(tokens)]
         with self._lock:
             e = self._entries.get(run_id)
             if e is not None:
-                self._set_seen_locked(e, [_finite(cost_usd), _finite(tokens)], cumulative=False)
+                self._set_seen_locked(e, v, cumulative=False)
                 if all(e.outstanding(i) <= _EPS for i in range(2)):
                     self._drop_locked(run_id)
 

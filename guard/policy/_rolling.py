@@ -177,6 +177,9 @@ class TenantBudget:
         self._lock = threading.Lock()
         self._windows = [RollingWindow(r.window_s, buckets=buckets) for r in limits.rolling]
         self._held = {"cost_usd": 0.0, "tokens": 0.0}
+        # Outstanding allowance grants (cost_usd, tokens), kept by TenantAllowances under this
+        # budget's lock: a reservation must not take what is already granted to a run.
+        self._granted = [0.0, 0.0]
 
     def _used(self, i: int, now: float) -> float:
         r = self.limits.rolling[i]
@@ -260,7 +263,8 @@ class TenantBudget:
                 if not want:
                     continue
                 used = self._used(i, now)
-                available = max(0.0, r.limit - used)
+                granted = self._granted[0 if r.metric == "cost_usd" else 1]
+                available = max(0.0, r.limit - used - granted)
                 if want > available + 1e-12:
                     raise BudgetExceeded(
                         f"tenant {self.tenant}: reserving {r.metric}={want:g} would oversell "
@@ -284,15 +288,18 @@ class TenantBudget:
     def headroom(self, now: float) -> tuple[float | None, float | None]:
         """What the ``cost_usd`` and ``tokens`` windows have left (the tightest window of each,
         net of held reservations, floored at 0); ``None`` = no window of that metric."""
-        out: list[float | None] = [None, None]
         with self._lock:
-            for i, r in enumerate(self.limits.rolling):
-                j = 0 if r.metric == "cost_usd" else 1 if r.metric == "tokens" else -1
-                if j < 0:
-                    continue
-                left = max(0.0, r.limit - self._used(i, now))
-                prev = out[j]
-                out[j] = left if prev is None else min(prev, left)
+            return self._headroom_locked(now)
+
+    def _headroom_locked(self, now: float) -> tuple[float | None, float | None]:
+        out: list[float | None] = [None, None]
+        for i, r in enumerate(self.limits.rolling):
+            j = 0 if r.metric == "cost_usd" else 1 if r.metric == "tokens" else -1
+            if j < 0:
+                continue
+            left = max(0.0, r.limit - self._used(i, now))
+            prev = out[j]
+            out[j] = left if prev is None else min(prev, left)
         return (out[0], out[1])
 
     def status(self, now: float) -> list[tuple[str, float, float, float]]:
