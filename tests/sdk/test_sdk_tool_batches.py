@@ -82,15 +82,23 @@ def test_a_guard_tool_or_step_tool_call_inside_run_tools_is_counted_once(sink) -
         async with guard.step() as step:
 
             async def by_hand(c: dict[str, Any]) -> str:
-                step.tool_call("lookup", c["args"], result="x")
+                step.tool_call("lookup", c["args"], result=c["id"])
                 return "x"
 
             await guard.run_tools(_calls(8, 100), by_hand)
         seen["by_hand"] = run.budget.usage().tool_calls
+        async with guard.step():  # one batch, both kinds: each call counted once
+
+            async def mixed(c: dict[str, Any]) -> str:
+                order = c["args"]["order"]
+                return await lookup(order) if order % 2 else f"plain {order}"
+
+            await guard.run_tools(_calls(8, 200), mixed)
+        seen["mixed"] = run.budget.usage().tool_calls
 
     asyncio.run(agent())
-    assert seen == {"decorated": 8, "by_hand": 16}
-    assert len(sink.named("execute_tool")) == 16
+    assert seen == {"decorated": 8, "by_hand": 16, "mixed": 24}
+    assert len(sink.named("execute_tool")) == 24
 
 
 def test_admit_tools_complete_records_the_calls_a_plain_function_ran(sink) -> None:
