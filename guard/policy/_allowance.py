@@ -128,6 +128,7 @@ class TenantAllowances:
                     continue
                 available = max(0.0, h - self._out[i])
                 if need[i] > available + _EPS:
+                    self.budget._refused[i] = need[i]  # new runs are denied meanwhile
                     metric = ALLOWANCE_METRICS[i]
                     return AllowanceGrant(
                         run_id,

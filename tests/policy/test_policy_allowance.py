@@ -136,3 +136,16 @@ def test_no_sequence_lets_outstanding_grants_plus_the_window_pass_the_limit(ops,
         (window, *_), *_ = [s[2:] for s in tb.status(now) if s[0] == "cost_usd"]
         assert window + led.outstanding()[0] <= LIMIT + excess + 1e-9, (window, led.outstanding())
         assert led.outstanding()[1] <= 1000.0 + 1e-9
+
+
+def test_new_runs_are_denied_while_less_is_left_than_a_run_was_refused():
+    tb, led = _ledger()
+    assert not tb.admit(0.0).stop
+    led.grant("r1", 0.0, need_cost_usd=0.95)
+    assert not tb.admit(0.0).stop  # nobody was refused yet
+    assert led.grant("r2", 0.0, need_cost_usd=0.1).exhausted
+    d = tb.admit(0.0)
+    assert d.stop and d.reason == "tenant_budget" and d.metric == "cost_usd"
+    assert "0.05 left to grant, less than the 0.1 a run last needed" in d.message, d.message
+    led.release("r1", 1.0)  # its grant comes back: room again
+    assert not tb.admit(1.0).stop
