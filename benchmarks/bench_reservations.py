@@ -24,7 +24,6 @@ import contextlib
 import contextvars
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +33,9 @@ from pathlib import Path
 from _net import start_guard  # benchmarks/ is on sys.path when run as a script
 
 HERE = Path(__file__).resolve().parent
-AGENT = HERE.parent / "tests" / "server" / "_tenant_proc.py"
+sys.path.insert(0, str(HERE.parent / "tests" / "server"))
+from _tenant_proc import fleet  # noqa: E402  (the agent processes the tests use too)
+
 PRICE = 0.01
 
 
@@ -70,38 +71,7 @@ def _guard(policy: str):
 
 # -- 1. tenant overshoot -------------------------------------------------------------------
 def _fleet(endpoint: str, tenant: str, mode: str, think_s: float, procs: int, runs: int):
-    ps = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(AGENT),
-                endpoint,
-                tenant,
-                mode,
-                str(runs),
-                str(PRICE),
-                str(think_s),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(procs)
-    ]
-    try:
-        for p in ps:
-            json.loads(p.stdout.readline())
-        for p in ps:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        lines = []
-        for p in ps:
-            out, _ = p.communicate(timeout=120)
-            lines += [json.loads(x) for x in out.splitlines() if x.strip()]
-    finally:
-        for p in ps:
-            if p.poll() is None:
-                p.kill()
+    lines = fleet(endpoint, tenant, mode, procs=procs, runs=runs, price=PRICE, think_s=think_s)
     ended = [x for x in lines if x["event"] == "ended"]
     stats = [x["stats"] for x in lines if x["event"] == "done"]
     return ended, stats

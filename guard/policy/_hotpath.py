@@ -16,7 +16,7 @@ from guard.policy._decide import _NEVER
 from guard.policy._decide import _RANK as _ACTION_RANK
 from guard.policy._decide import _triggers as _trigger_points
 from guard.policy._decide import decide as _decide
-from guard.policy._reservation import check_count, check_money, plain_counts, plain_money
+from guard.policy._reservation import plain_counts, plain_money
 from guard.policy._types import Action, Decision, Phase
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,8 +115,14 @@ class HotPaths:
         cached_tokens: int,
         cost_usd: float | None,
         rank: int = 0,
+        settles: Reservation | None = None,
     ) -> Decision | None:
-        """``record_model_call(...)`` then ``decide_quick(AFTER_MODEL_CALL)``, atomically."""
+        """``record_model_call(...)`` then ``decide_quick(AFTER_MODEL_CALL)``, atomically.
+
+        ``settles``: the reservation this call settles. Its estimate is freed in the same
+        lock that records the actual usage, so no other call can slip into the freed room
+        before the actual is counted (a reservation already settled or released: the call
+        is only recorded)."""
         if not (
             plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
             and (cost_usd is None or plain_money(cost_usd))
@@ -128,9 +134,15 @@ class HotPaths:
                 cached_tokens=cached_tokens,
                 cost_usd=cost_usd,
             )
+            if settles is not None:
+                # Recorded first, then freed: for an instant both count (never oversold).
+                settles.release()
             with self._lock:
                 return self._quick_locked(_AFTER_MODEL, None, rank)
         with self._lock:
+            if settles is not None and not settles.done:
+                settles.done = True
+                settles.owner._drop_locked(settles)
             self._add_model_call_locked(
                 input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
             )
@@ -143,35 +155,6 @@ class HotPaths:
                 phase=_AFTER_MODEL,
                 reserved=self._reserved,
             )
-
-    def model_call_settle(
-        self,
-        res: Reservation,
-        input_tokens: int,
-        output_tokens: int,
-        reasoning_tokens: int,
-        cached_tokens: int,
-        cost_usd: float | None,
-        rank: int = 0,
-    ) -> Decision | None:
-        """Settle ``res`` with this model call's actual usage: the estimate is freed and the
-        actual recorded in one lock (no other call can slip into the freed room before the
-        actual is counted), then ``decide_quick(AFTER_MODEL_CALL)``. A reservation already
-        settled or released records the call only."""
-        if not (
-            plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
-            and (cost_usd is None or plain_money(cost_usd))
-        ):
-            _validate(input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd)
-            cost_usd = None if cost_usd is None else float(cost_usd)
-        with self._lock:
-            if not res.done:
-                res.done = True
-                res.owner._drop_locked(res)
-            self._add_model_call_locked(
-                input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
-            )
-            return self._quick_locked(_AFTER_MODEL, None, rank)
 
     def tool_calls_quick(
         self,
@@ -196,13 +179,3 @@ class HotPaths:
             if loop is None and self._quiet_locked(rank):
                 return None
             return self._quick_locked(_AFTER_TOOLS, loop, rank)
-
-
-def _validate(inp: object, out: object, reasoning: object, cached: object, cost: object) -> None:
-    """The full checks (and their error messages) for values the one-look test refused."""
-    check_count("input_tokens", inp)
-    check_count("output_tokens", out)
-    check_count("reasoning_tokens", reasoning)
-    check_count("cached_tokens", cached)
-    if cost is not None:
-        check_money("cost_usd", cost)

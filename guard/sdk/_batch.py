@@ -27,7 +27,7 @@ from guard.sdk._reserve import tenant_reserve_sync
 from guard.sdk._run import Run, current_run_or_none
 from guard.sdk._step import current_step
 
-__all__ = ["ToolBatch", "admit_tools", "call_name_args", "run_tools"]
+__all__ = ["ToolBatch", "admit_tools", "call_name_args", "record_in_step", "run_tools"]
 
 _PASS_THROUGH = (RunStopped, asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 
@@ -63,6 +63,17 @@ def call_name_args(call: Any) -> tuple[str, Any]:
     if name is None:  # a bare value (a string, a tuple): the call is its own name
         name, args = ("tool", call) if not isinstance(call, str) else (call, None)
     return str(name), args
+
+
+def record_in_step(run: Run, name: str, args: Any, **kw: Any) -> None:
+    """Record a finished tool call in the run's current step (if this context has one of
+    that run), else directly under the run."""
+    step = current_step()
+    if step is not None and step.run is not run:
+        step = None
+    if step is not None:
+        step.tool_calls += 1
+    record_tool_call(run, step._ctx if step is not None else run.ctx, step, name, args, **kw)
 
 
 class _BatchCall:
@@ -177,21 +188,8 @@ class ToolBatch:
         if run is None:
             return
         name, args = call_name_args(call)
-        step = current_step()
-        if step is not None and step.run is not run:
-            step = None
-        if step is not None:
-            step.tool_calls += 1
-        record_tool_call(
-            run,
-            step._ctx if step is not None else run.ctx,
-            step,
-            name,
-            args,
-            result=result,
-            error=error,
-            call_id=_call_id(call),
-            reservation=slot,
+        record_in_step(
+            run, name, args, result=result, error=error, call_id=_call_id(call), reservation=slot
         )
 
     def _record_unrecorded(self, results: list[Any]) -> None:

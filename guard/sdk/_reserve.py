@@ -158,9 +158,9 @@ def _answered(run: Run, answer: Any) -> bool:
     return True
 
 
-def tenant_reserve_sync(run: Run, timeout_s: float) -> None:
-    """Make the root's allowance cover what the run tree holds now (its reservation
-    included), asking the guard for more when it does not; raises ``RunStopped``."""
+def _rounds(run: Run) -> Any:
+    """The tenant check as a generator: it yields the future of each request (or ``None``)
+    and is sent the answer, so the sync and async drivers only differ in how they wait."""
     for _ in range(_ROUNDS):
         needs = _tenant_needs(run)
         if needs is None:
@@ -169,41 +169,40 @@ def tenant_reserve_sync(run: Run, timeout_s: float) -> None:
         if time.monotonic() >= al.expires_at:
             _fallback(run, "allowance expired")
             return
-        fut = _ask(run, nc, nt)
-        answer = None
-        if fut is not None:
-            try:
-                answer = fut.result(timeout=timeout_s)
-            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                fut.cancel()  # nobody waits any more: the control client forgets it
-                answer = None
+        answer = yield _ask(run, nc, nt)
         if not _answered(run, answer):
             return
     if _tenant_needs(run) is not None:
         _stop(run, Reason.TENANT_BUDGET, "tenant allowance: the guard granted too little")
+
+
+def tenant_reserve_sync(run: Run, timeout_s: float) -> None:
+    """Make the root's allowance cover what the run tree holds now (its reservation
+    included), asking the guard for more when it does not; raises ``RunStopped``."""
+    gen = _rounds(run)
+    with contextlib.suppress(StopIteration):
+        fut = next(gen)
+        while True:
+            answer = None
+            if fut is not None:
+                try:
+                    answer = fut.result(timeout=timeout_s)
+                except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                    fut.cancel()  # nobody waits any more: the control client forgets it
+            fut = gen.send(answer)
 
 
 async def tenant_reserve_async(run: Run, timeout_s: float) -> None:
     """:func:`tenant_reserve_sync` without blocking the event loop."""
-    for _ in range(_ROUNDS):
-        needs = _tenant_needs(run)
-        if needs is None:
-            return
-        al, nc, nt = needs
-        if time.monotonic() >= al.expires_at:
-            _fallback(run, "allowance expired")
-            return
-        fut = _ask(run, nc, nt)
-        answer = None
-        if fut is not None:
-            try:
-                answer = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
-            except TimeoutError:
-                answer = None
-        if not _answered(run, answer):
-            return
-    if _tenant_needs(run) is not None:
-        _stop(run, Reason.TENANT_BUDGET, "tenant allowance: the guard granted too little")
+    gen = _rounds(run)
+    with contextlib.suppress(StopIteration):
+        fut = next(gen)
+        while True:
+            answer = None
+            if fut is not None:
+                with contextlib.suppress(TimeoutError):
+                    answer = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+            fut = gen.send(answer)
 
 
 def tenant_after_call(run: Run, al: Ceilings, cost_usd: float | None, tokens: int) -> None:

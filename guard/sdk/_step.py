@@ -221,27 +221,17 @@ class Step:
                     cached_tokens=cached_tokens,
                 )
         # Recorded and decided under one lock; the decision is applied once the span is out.
+        # A reservation of this context (step.reserve) is settled by the call, in that lock.
         sres = _current_res_get()
-        res = sres.take() if sres is not None and sres.run is run else None
-        if res is None:
-            d = run.budget.model_call_quick(
-                input_tokens,
-                output_tokens,
-                reasoning_tokens,
-                cached_tokens,
-                cost_usd,
-                run.soft._level,
-            )
-        else:  # settles the reservation: estimate freed and actual recorded in one lock
-            d = run.budget.model_call_settle(
-                res,
-                input_tokens,
-                output_tokens,
-                reasoning_tokens,
-                cached_tokens,
-                cost_usd,
-                run.soft._level,
-            )
+        d = run.budget.model_call_quick(
+            input_tokens,
+            output_tokens,
+            reasoning_tokens,
+            cached_tokens,
+            cost_usd,
+            run.soft._level,
+            sres.take() if sres is not None and sres.run is run else None,
+        )
         attrs: dict[str, Any] = {
             _OPERATION: operation,
             _REQUEST_MODEL: model,

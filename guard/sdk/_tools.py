@@ -9,14 +9,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from guard.policy._reservation import check_money
-from guard.sdk._calls import MISSING, record_tool_call, reserve_tool
+from guard.sdk._calls import MISSING, reserve_tool
 from guard.sdk._run import Run, current_run_or_none
-from guard.sdk._step import current_step
 
 __all__ = ["ToolBatch", "admit_tools", "run_tools", "tool"]
 
 # The batches live in their own module; re-exported here, where they always were.
-from guard.sdk._batch import _PASS_THROUGH, ToolBatch, admit_tools, run_tools
+from guard.sdk._batch import _PASS_THROUGH, ToolBatch, admit_tools, record_in_step, run_tools
 
 F = TypeVar("F", bound=Callable[..., Any])
 _RECORDED = (*_PASS_THROUGH, Exception)  # what a tool call's record notes as its error
@@ -154,16 +153,8 @@ class _ToolCall:
         return value
 
     def _record(self, value: Any, exc: BaseException | None) -> None:
-        run = self.run
-        step = current_step()
-        if step is not None and step.run is not run:
-            step = None
-        if step is not None:
-            step.tool_calls += 1
-        record_tool_call(
-            run,
-            step._ctx if step is not None else run.ctx,
-            step,
+        record_in_step(
+            self.run,
             self.name,
             _call_args(self.sig, self.args, self.kwargs),
             result=value,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +23,7 @@ def _ledger(limit: float = LIMIT, *, tokens: float | None = None, fraction: floa
 
 
 def test_admission_grant_is_a_chunk_and_a_request_adds_at_least_its_need():
-    tb, led = _ledger()
+    _tb, led = _ledger()
     g = led.grant("r1", 0.0)
     assert g.max_cost_usd == pytest.approx(0.05) and g.max_tokens is None and not g.exhausted
     g = led.grant("r1", 0.0, need_cost_usd=0.2)
@@ -30,7 +32,7 @@ def test_admission_grant_is_a_chunk_and_a_request_adds_at_least_its_need():
 
 
 def test_a_need_that_does_not_fit_is_exhausted_and_changes_nothing():
-    tb, led = _ledger()
+    _tb, led = _ledger()
     led.grant("r1", 0.0, need_cost_usd=0.9)
     before = led.outstanding()
     g = led.grant("r2", 0.0, need_cost_usd=0.2)
@@ -50,7 +52,7 @@ def test_spend_moves_the_grant_into_the_window_and_release_gives_the_rest_back()
 
 
 def test_release_keeps_the_tail_the_final_usage_announces_until_late_spans_or_time():
-    tb, led = _ledger()
+    _tb, led = _ledger()
     led.grant("r1", 0.0, need_cost_usd=0.5)
     led.observe("r1", 0.3, 0.0)
     led.release("r1", 1.0, final=(0.4, 0.0))  # 0.1 still on its way
@@ -67,7 +69,7 @@ def test_release_keeps_the_tail_the_final_usage_announces_until_late_spans_or_ti
 
 
 def test_a_restored_run_is_granted_above_what_it_already_spent():
-    tb, led = _ledger()
+    _tb, led = _ledger()
     g = led.grant("r1", 0.0, seen=(0.4, 0.0))
     assert g.max_cost_usd == pytest.approx(0.45)
     assert led.outstanding()[0] == pytest.approx(0.05)
@@ -126,10 +128,8 @@ def test_no_sequence_lets_outstanding_grants_plus_the_window_pass_the_limit(ops,
             spent[r] = spent.get(r, 0.0) + amount
             led.spend_late(rid, amount, 0.0)
         elif op == "reserve":
-            try:
+            with contextlib.suppress(Exception):
                 held.append(tb.reserve(now, cost_usd=amount / 4))
-            except Exception:
-                pass
         else:
             now += 2.0
             led.expire(now)

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 import guard
-from guard.testing import SpanSink
 
 
 @dataclass
@@ -22,7 +21,9 @@ class Call:  # an SDK-style tool-call object (attributes, not a dict)
 
 
 def _calls(n: int, start: int = 0) -> list[dict[str, Any]]:
-    return [{"id": f"c{i}", "name": "lookup", "args": {"order": i}} for i in range(start, start + n)]
+    return [
+        {"id": f"c{i}", "name": "lookup", "args": {"order": i}} for i in range(start, start + n)
+    ]
 
 
 def test_run_tools_over_a_plain_coroutine_counts_and_fingerprints_every_call(sink) -> None:

@@ -13,11 +13,59 @@ reported after each call only.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
 
 import guard
+
+__all__ = ["fleet"]
+
+
+def fleet(
+    endpoint: str,
+    tenant: str,
+    mode: str,
+    *,
+    procs: int,
+    runs: int,
+    price: float,
+    think_s: float = 0.001,
+    timeout_s: float = 120.0,
+) -> list[dict]:
+    """Start ``procs`` agent processes of ``runs`` runs each, let them go at once, and return
+    every JSON line they printed (``ended`` per run, ``done`` per process)."""
+    args = [endpoint, tenant, mode, str(runs), str(price), str(think_s)]
+    ps = [
+        subprocess.Popen(
+            [sys.executable, __file__, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(procs)
+    ]
+    try:
+        for p in ps:
+            line = p.stdout.readline()
+            if json.loads(line or "{}").get("event") != "ready":
+                raise RuntimeError(f"agent process not ready: {line!r}")
+        for p in ps:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        lines = []
+        for p in ps:
+            out, _ = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError(f"agent process exited {p.returncode}")
+            lines += [json.loads(x) for x in out.splitlines() if x.strip()]
+        return lines
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def emit(**kw: object) -> None:

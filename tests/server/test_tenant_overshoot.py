@@ -6,58 +6,25 @@ call per run in flight. And the guard's window ends equal to what the runs reall
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from guard.cli._client import AdminClient
 from guard.server import MemorySink, ServerThread
 
+from ._tenant_proc import fleet
 from .conftest import config
 
 pytestmark = pytest.mark.slow
-AGENT = str(Path(__file__).with_name("_tenant_proc.py"))
 LIMIT, PRICE, PROCS, RUNS_PER_PROC = 0.60, 0.01, 4, 8
-
-
-def _fleet(address: str, mode: str) -> list[dict]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, AGENT, address, "acme", mode, str(RUNS_PER_PROC), str(PRICE)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(PROCS)
-    ]
-    try:
-        for p in procs:
-            assert json.loads(p.stdout.readline())["event"] == "ready"
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        lines = []
-        for p in procs:
-            out, _ = p.communicate(timeout=60)
-            assert p.returncode == 0
-            lines += [json.loads(x) for x in out.splitlines() if x.strip()]
-        return lines
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 @pytest.mark.parametrize(("mode", "bound_usd"), [("reserve", PRICE), ("plain", 32 * PRICE)])
 def test_32_runs_in_4_processes_do_not_oversell_the_tenant(mode: str, bound_usd: float) -> None:
     tenants = {"acme": {"rolling": [{"metric": "cost_usd", "limit": LIMIT, "window_s": 3600}]}}
     with ServerThread(config(tenants=tenants), sink=MemorySink()) as srv:
-        lines = _fleet(srv.address, mode)
+        lines = fleet(srv.address, "acme", mode, procs=PROCS, runs=RUNS_PER_PROC, price=PRICE)
         ended = [x for x in lines if x["event"] == "ended"]
         assert len(ended) == PROCS * RUNS_PER_PROC
         assert {x["reason"] for x in ended} == {"tenant_budget"}, ended
