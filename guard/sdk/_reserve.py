@@ -176,33 +176,39 @@ def _rounds(run: Run) -> Any:
         _stop(run, Reason.TENANT_BUDGET, "tenant allowance: the guard granted too little")
 
 
+def _wait(fut: concurrent.futures.Future[Any] | None, timeout_s: float) -> Any:
+    if fut is None:
+        return None
+    try:
+        return fut.result(timeout=timeout_s)
+    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+        fut.cancel()  # nobody waits any more: the control client forgets it
+        return None
+
+
+async def _await(fut: concurrent.futures.Future[Any] | None, timeout_s: float) -> Any:
+    if fut is None:
+        return None
+    with contextlib.suppress(TimeoutError):
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+    return None
+
+
 def tenant_reserve_sync(run: Run, timeout_s: float) -> None:
     """Make the root's allowance cover what the run tree holds now (its reservation
     included), asking the guard for more when it does not; raises ``RunStopped``."""
-    gen = _rounds(run)
+    gen, answer = _rounds(run), None
     with contextlib.suppress(StopIteration):
-        fut = next(gen)
-        while True:
-            answer = None
-            if fut is not None:
-                try:
-                    answer = fut.result(timeout=timeout_s)
-                except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                    fut.cancel()  # nobody waits any more: the control client forgets it
-            fut = gen.send(answer)
+        while True:  # send(None) first starts the generator
+            answer = _wait(gen.send(answer), timeout_s)
 
 
 async def tenant_reserve_async(run: Run, timeout_s: float) -> None:
     """:func:`tenant_reserve_sync` without blocking the event loop."""
-    gen = _rounds(run)
+    gen, answer = _rounds(run), None
     with contextlib.suppress(StopIteration):
-        fut = next(gen)
         while True:
-            answer = None
-            if fut is not None:
-                with contextlib.suppress(TimeoutError):
-                    answer = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
-            fut = gen.send(answer)
+            answer = await _await(gen.send(answer), timeout_s)
 
 
 def tenant_after_call(run: Run, al: Ceilings, cost_usd: float | None, tokens: int) -> None:
