@@ -180,6 +180,17 @@ class TenantAllowances:
             if e is not None:
                 self._set_seen_locked(e, v, cumulative=True)
 
+    def observe_many(self, items: list[tuple[str, float, float]]) -> None:
+        """:meth:`observe` for several runs ``(run_id, cost_usd, tokens)`` in one lock (the
+        guard's per-request batch; the values come from budgets, which only hold finite
+        amounts >= 0)."""
+        entries = self._entries
+        with self._lock:
+            for run_id, cost, tokens in items:
+                e = entries.get(run_id)
+                if e is not None and (cost > e.seen[0] or tokens > e.seen[1]):
+                    self._set_seen_locked(e, [cost, tokens], cumulative=True)
+
     def spend_late(self, run_id: str, cost_usd: float, tokens: float) -> None:
         """Usage of a run that already ended (its late spans): consumes its tail."""
         v = [_finite(cost_usd), _finite(tokens)]

@@ -61,8 +61,8 @@ def _root(run: RunState) -> RunState:
 
 
 def _seen(run: RunState) -> tuple[float, float]:
-    u = run.budget.usage()
-    return (u.cost_usd or 0.0, float(u.tokens))
+    cost, tokens = run.budget.held()  # the guard never reserves: held = used
+    return (cost, float(tokens))
 
 
 class Allowances:
@@ -76,6 +76,7 @@ class Allowances:
         self._ledgers: dict[str, TenantAllowances | None] = {}
         self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._renewed_at = registry.clock()
+        self._dirty: set[RunState] = set()  # runs whose spend the grants do not reflect yet
         for k in ("allowance_grants", "allowance_exhausted", "allowance_unknown", "late_counted"):
             registry.stats.setdefault(k, 0)
 
@@ -123,6 +124,7 @@ class Allowances:
             return
         grant = led.grant_of(run.run_id)
         if grant is None:
+            self.refresh()
             grant = led.grant(run.run_id, self.registry.clock(), seen=_seen(run))
             self.registry.stats["allowance_grants"] += 1
         self._push(session, grant)
@@ -151,6 +153,7 @@ class Allowances:
             self._push(session, _Unlimited(req.run_id), req.request_id)
             return
         now = self.registry.clock()
+        self.refresh()
         led.observe(root.run_id, *_seen(root))
         grant = led.grant(
             root.run_id, now, need_cost_usd=need_cost, need_tokens=need_tokens, seen=_seen(root)
@@ -159,13 +162,30 @@ class Allowances:
         self._push(session, grant, req.request_id)
 
     def observe(self, touched: Any) -> None:
-        """After an OTLP request: the touched runs' spend moves into their tenants' windows."""
+        """After an OTLP request: the touched runs' spend will move from their grants into
+        the windows. Only noted here (the ingest hot path); :meth:`refresh` applies it before
+        anything reads the grants. Until then the outstanding grants are over-counted, which
+        only ever grants less, never more."""
+        if self._ledgers:
+            self._dirty.update(touched)
+
+    def refresh(self) -> None:
+        """Apply the noted spend: each touched run's root (it carries its sub-agents' usage)
+        moves what it spent from its grant into the windows, one lock per tenant."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
         ledgers = self._ledgers
-        for run in touched:
+        batches: dict[TenantAllowances, list[tuple[str, float, float]]] = {}
+        for run in dirty:
             led = ledgers.get(run.tenant)
-            if led is not None:
-                root = _root(run)
-                led.observe(root.run_id, *_seen(root))
+            if led is None:
+                continue
+            root = _root(run)
+            cost, tokens = _seen(root)
+            batches.setdefault(led, []).append((root.run_id, cost, tokens))
+        for led, batch in batches.items():
+            led.observe_many(batch)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
         """The run ended (any way): its grant goes back, but for the tail its final usage
@@ -179,6 +199,7 @@ class Allowances:
         led = self._ledgers.get(run.tenant)
         if led is None or root is not run:
             return
+        led.observe(run.run_id, *_seen(run))  # what it spent, before the rest goes back
         final = None
         if outcome is not None:
             cost = outcome.cost_usd or 0.0
@@ -227,7 +248,9 @@ class Allowances:
         return True
 
     def renew(self) -> None:
-        """Sweep: give back expired tails; every half ttl, push the live runs' grants again."""
+        """Sweep: apply noted spend, give back expired tails; every half ttl, push the live
+        runs' grants again."""
+        self.refresh()
         now = self.registry.clock()
         for led in self._ledgers.values():
             if led is not None:
