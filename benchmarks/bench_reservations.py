@@ -10,9 +10,12 @@ calls, and the latency a reservation adds to a model call. Prints JSON.
 2. **Per-run overshoot**: ``max_cost_usd=0.10``, 8 threads of one run making $0.02 calls
    at once (local limits: no guard needed), with and without ``step.reserve``.
 3. **Latency**: a model call inside ``step.reserve`` against the same call without one, in
-   the same run, when the local allowance covers it; and when every reservation needs a round
-   trip to the guard (``allowance_fraction`` tiny: each grant is exactly what is asked). p50
-   and p99 in ms; goal: p99 added <= 2 ms on loopback.
+   the same run, when the local allowance covers it; when every reservation needs a round
+   trip to the guard (``allowance_fraction`` tiny: each grant is exactly what is asked); and
+   without a guard (the reservation's own CPU cost). "added" is the time spent entering and
+   leaving the reservation block (the call inside is the same call); "difference" is the
+   reserved call minus the plain one per percentile (noisier). p50 and p99 in ms, medians
+   over ``--repeat`` runs; goal: p99 added <= 2 ms on loopback.
 
     python benchmarks/bench_reservations.py [--trials 2] [--calls 2000]
 """
@@ -179,6 +182,7 @@ def _latency_run(endpoint: str | None, calls: int, *, pair: bool) -> dict:
     guard.configure(endpoint=endpoint, tenant="lat", admit_timeout_ms=2000)
     plain: list[float] = []
     reserved: list[float] = []
+    direct: list[float] = []  # the reservation's own enter + exit
     perf = time.perf_counter
 
     @guard.run(agent="latency", max_steps=10 * calls + 10)
@@ -192,9 +196,13 @@ def _latency_run(endpoint: str | None, calls: int, *, pair: bool) -> dict:
                     t0 = perf()
                     step.model_call(model="gpt-4.1", input_tokens=10, cost_usd=1e-6)
                     t1 = perf()
+                res = step.reserve(cost_usd=1e-6, tokens=20)
                 t2 = perf()
-                with step.reserve(cost_usd=1e-6, tokens=20):
-                    step.model_call(model="gpt-4.1", input_tokens=10, cost_usd=1e-6)
+                res.__enter__()  # what the reservation adds: entering and leaving the block
+                te = perf()
+                step.model_call(model="gpt-4.1", input_tokens=10, cost_usd=1e-6)
+                tx = perf()
+                res.__exit__(None, None, None)
                 t3 = perf()
                 if pair and not i % 2:
                     t0 = perf()
@@ -204,11 +212,12 @@ def _latency_run(endpoint: str | None, calls: int, *, pair: bool) -> dict:
                 if pair:
                     plain.append((t1 - t0) * 1e3)
                 reserved.append((t3 - t2) * 1e3)
+                direct.append((te - t2 + t3 - tx) * 1e3)
 
     agent()
     stats = guard.stats()
     guard.shutdown()
-    return {"plain": plain, "reserved": reserved, "stats": stats}
+    return {"plain": plain, "reserved": reserved, "direct": direct, "stats": stats}
 
 
 def _median(xs: list[float]) -> float:
@@ -237,6 +246,9 @@ def latency(calls: int, repeat: int) -> dict:
         note("trip", trip["reserved"])
         note("local_plain", local["plain"])
         note("local", local["reserved"])
+        note("covered_direct", covered["direct"])
+        note("trip_direct", trip["direct"])
+        note("local_direct", local["direct"])
         requests["covered"] += covered["stats"].get("control_allowance_requests", 0)
         requests["round_trip"] += trip["stats"].get("control_allowance_requests", 0)
         fail_open += trip["stats"].get("control_allowance_fail_open", 0)
@@ -246,8 +258,12 @@ def latency(calls: int, repeat: int) -> dict:
         return {
             "p50_ms": m[f"{key}_p50"],
             "p99_ms": m[f"{key}_p99"],
-            "added_p50_ms": round(m[f"{key}_p50"] - m[f"{base}_p50"], 4),
-            "added_p99_ms": round(m[f"{key}_p99"] - m[f"{base}_p99"], 4),
+            # the reservation's own time (entering + leaving the block): what it adds
+            "added_p50_ms": m[f"{key}_direct_p50"],
+            "added_p99_ms": m[f"{key}_direct_p99"],
+            # reserved call minus the plain call, per percentile (noisier: two timings)
+            "difference_p50_ms": round(m[f"{key}_p50"] - m[f"{base}_p50"], 4),
+            "difference_p99_ms": round(m[f"{key}_p99"] - m[f"{base}_p99"], 4),
         }
 
     out = {
@@ -263,7 +279,10 @@ def latency(calls: int, repeat: int) -> dict:
         "local_only": part("local", "local_plain"),
         "goal_added_p99_ms": 2.0,
     }
-    out["meets_goal"] = max(out["covered"]["added_p99_ms"], out["round_trip"]["added_p99_ms"]) <= 2
+    out["meets_goal"] = {
+        "covered": out["covered"]["added_p99_ms"] <= 2.0,
+        "round_trip": out["round_trip"]["added_p99_ms"] <= 2.0,
+    }
     return out
 
 
