@@ -277,7 +277,6 @@ class Ingest:
                 self.tenant_cut(tenant, td)
         if touched:
             self.allowances.observe(touched)  # spend moves from the runs' grants to windows
-        if touched:
             now = self.clock()
             for run, (phase, verdict, _, _) in touched.items():
                 run.touched_at = now
