@@ -15,7 +15,8 @@ Accounting, per tenant and per metric with a window (``cost_usd``, ``tokens``):
 A grant answers a request for ``need`` more: it is ``max(need, chunk)`` capped by what is left
 (``chunk`` = ``fraction`` of the tightest window's limit, shrunk to an equal share of what is
 left among the runs holding grants), or nothing at all with ``exhausted`` when even ``need``
-does not fit. A run that ends gives back its outstanding grant, except the part its final
+does not fit. A run's first grant (nothing needed yet) is at least the last need asked for,
+room permitting, so it does not start below one typical call. A run that ends gives back its outstanding grant, except the part its final
 usage says is still on the way (spans that arrive after the run ended): that *tail* stays held
 until those spans are seen or ``tail_s`` passes.
 
@@ -73,6 +74,9 @@ class TenantAllowances:
         # reservations and these grants are checked against each other atomically.
         self._out = budget._granted
         self._live = 0  # entries of live runs (the others are tails)
+        # The last need asked for per metric: a new run's first grant is at least that much
+        # when there is room, so a run does not start with less than one typical call.
+        self._typical = [0.0, 0.0]
         self._lock = budget._lock
 
     # -- reading ----------------------------------------------------------------------------
@@ -141,6 +145,10 @@ class TenantAllowances:
                         ),
                     )
                 chunk = min(limits[i] * self.fraction, available / sharers)
+                if need[i]:
+                    self._typical[i] = need[i]
+                else:
+                    chunk = max(chunk, self._typical[i])
                 add[i] = min(available, max(need[i], chunk))
             for i in range(2):
                 if add[i] > 0.0:

@@ -149,3 +149,10 @@ def test_new_runs_are_denied_while_less_is_left_than_a_run_was_refused():
     assert "0.05 left to grant, less than the 0.1 a run last needed" in d.message, d.message
     led.release("r1", 1.0)  # its grant comes back: room again
     assert not tb.admit(1.0).stop
+
+
+def test_a_new_run_gets_at_least_one_typical_call_when_there_is_room():
+    _tb, led = _ledger(fraction=0.001)  # chunks of 0.001
+    assert led.grant("r1", 0.0).max_cost_usd == pytest.approx(0.001)
+    led.grant("r1", 0.0, need_cost_usd=0.02)  # what a call of this tenant needs
+    assert led.grant("r2", 0.0).max_cost_usd == pytest.approx(0.02)
