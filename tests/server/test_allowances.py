@@ -78,8 +78,8 @@ async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
         assert await eventually(lambda: "r1" not in srv.registry.runs)
         assert led.outstanding()[0] == pytest.approx(0.0) and "r1" not in led
         # agent_lost: the stream drops and the grace period passes
-        await a.start_run("r2", trace_id_of(2))
-        assert led.outstanding()[0] == pytest.approx(0.1)
+        await a.start_run("r2", trace_id_of(2))  # starts with the tenant's last need: 0.4
+        assert led.outstanding()[0] == pytest.approx(0.4)
     finally:
         await a.close()
     srv.registry.grace_s = 0.0
