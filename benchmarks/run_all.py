@@ -28,6 +28,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "memory": ("bench_memory.py", [], ["--runs", "1000"]),
     "store": ("bench_store.py", [], ["--runs", "20000", "--seed-runs", "50000", "--repeat", "3"]),
     "loop_corpus": ("loop_corpus.py", [], []),
+    "reservations": (
+        "bench_reservations.py",
+        [],
+        ["--trials", "1", "--calls", "300", "--repeat", "1"],
+    ),
 }
 
 

@@ -5,6 +5,7 @@ No I/O and no grpc, OpenTelemetry, ClickHouse or yaml imports (a test enforces i
 and the guard run this same code, so a decision means the same thing on both sides.
 """
 
+from guard.policy._allowance import ALLOWANCE_METRICS, AllowanceGrant, TenantAllowances
 from guard.policy._budget import Budget, Remaining, Reservation
 from guard.policy._config import (
     DEFAULT_PRICE_BOOK,
@@ -48,6 +49,7 @@ from guard.policy._types import (
 )
 
 __all__ = [
+    "ALLOWANCE_METRICS",
     "CONTINUE",
     "DEFAULT_PRICE_BOOK",
     "DEFAULT_SOFT_THRESHOLDS",
@@ -56,6 +58,7 @@ __all__ = [
     "ROLLING_METRICS",
     "USAGE_COUNTERS",
     "Action",
+    "AllowanceGrant",
     "AuthConfig",
     "Budget",
     "DecidedBy",
@@ -81,6 +84,7 @@ __all__ = [
     "SoftLevel",
     "Status",
     "StoreSettings",
+    "TenantAllowances",
     "TenantBudget",
     "TenantLimits",
     "TenantReservation",

@@ -243,6 +243,13 @@ class Budget(HotPaths, Restorable):
                 b._reservations.append(res)
             return res
 
+    def held(self) -> tuple[float, int]:
+        """``(cost_usd, tokens)`` used + reserved, sub-runs included (what a tenant allowance
+        must cover)."""
+        with self._lock:
+            u, r = self._usage, self._reserved
+            return ((u.cost_usd or 0.0) + (r.cost_usd or 0.0), u.tokens + r.tokens)
+
     def _check_locked(self, tokens: int, cost: float, tool_calls: int) -> None:
         lim, u, r = self._limits, self._usage, self._reserved
         checks: tuple[tuple[str, float, float | None, float], ...] = (

@@ -126,6 +126,11 @@ class GuardSettings:
     max_tracked_runs: int = 100_000
     heartbeat_interval_ms: int = 1000
     admit_timeout_ms: int = 200
+    # Tenant allowances (DESIGN §3.5): each grant to a run is at most this fraction of the
+    # tightest cost_usd / tokens window (and an equal share of what is left), and holds for
+    # allowance_ttl_s unless renewed (the guard renews live runs' grants at half that).
+    allowance_fraction: float = 0.05
+    allowance_ttl_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,17 @@ def _guard(data: Any, path: str) -> GuardSettings:
     kw: dict[str, Any] = {}
     if "agent_grace_s" in d:
         kw["agent_grace_s"] = req_float(d["agent_grace_s"], f"{path}.agent_grace_s", minimum=0.0)
+    if "allowance_fraction" in d:
+        f = req_float(
+            d["allowance_fraction"], f"{path}.allowance_fraction", minimum=0.0, exclusive=True
+        )
+        if f > 1.0:
+            raise ConfigError(f"must be <= 1, got {f:g}", path=f"{path}.allowance_fraction")
+        kw["allowance_fraction"] = f
+    if "allowance_ttl_s" in d:
+        kw["allowance_ttl_s"] = req_float(
+            d["allowance_ttl_s"], f"{path}.allowance_ttl_s", minimum=0.0, exclusive=True
+        )
     for name in ("max_tracked_runs", "heartbeat_interval_ms", "admit_timeout_ms"):
         if name in d:
             v = opt_int(d[name], f"{path}.{name}", minimum=1)

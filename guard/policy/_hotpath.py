@@ -22,6 +22,7 @@ from guard.policy._types import Action, Decision, Phase
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._budget import Budget
     from guard.policy._loops import LoopVerdict
+    from guard.policy._reservation import Reservation
 
 __all__ = ["HotPaths"]
 
@@ -116,9 +117,15 @@ class HotPaths:
         cached_tokens: int,
         cost_usd: float | None,
         rank: int = 0,
+        settles: Reservation | None = None,
     ) -> tuple[int, Decision | None]:
         """``record_model_call(...)`` then ``decide_quick(AFTER_MODEL_CALL)``, atomically.
-        Returns ``(record number, decision or None)``."""
+        Returns ``(record number, decision or None)``.
+
+        ``settles``: the reservation this call settles. Its estimate is freed in the same
+        lock that records the actual usage, so no other call can slip into the freed room
+        before the actual is counted (a reservation already settled or released: the call
+        is only recorded)."""
         if not (
             plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
             and (cost_usd is None or plain_money(cost_usd))
@@ -130,9 +137,15 @@ class HotPaths:
                 cached_tokens=cached_tokens,
                 cost_usd=cost_usd,
             )
+            if settles is not None:
+                # Recorded first, then freed: for an instant both count (never oversold).
+                settles.release()
             with self._lock:
                 return seq, self._quick_locked(_AFTER_MODEL, None, rank)
         with self._lock:
+            if settles is not None and not settles.done:
+                settles.done = True
+                settles.owner._drop_locked(settles)
             self._add_model_call_locked(
                 input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
             )

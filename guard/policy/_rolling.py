@@ -192,6 +192,12 @@ class TenantBudget:
         self._lock = threading.Lock()
         self._windows = [RollingWindow(r.window_s, buckets=buckets) for r in limits.rolling]
         self._held = {"cost_usd": 0.0, "tokens": 0.0}
+        # Outstanding allowance grants (cost_usd, tokens), kept by TenantAllowances under this
+        # budget's lock: a reservation must not take what is already granted to a run.
+        self._granted = [0.0, 0.0]
+        # The need the allowances last refused (cost_usd, tokens): while what is left to grant
+        # stays below it, a new run would be refused the same way, so it is denied instead.
+        self._refused = [0.0, 0.0]
 
     def _used(self, i: int, now: float) -> float:
         r = self.limits.rolling[i]
@@ -200,7 +206,8 @@ class TenantBudget:
     def _exhausted_locked(self, now: float) -> tuple[str, float, float] | None:
         for i, r in enumerate(self.limits.rolling):
             used = self._used(i, now)
-            if used >= r.limit:
+            # Float sums of exact spends (25 x 0.02) land a hair below the limit: reached.
+            if used >= r.limit - 1e-9 * max(1.0, r.limit):
                 return (r.metric, used, r.limit)
         return None
 
@@ -238,11 +245,33 @@ class TenantBudget:
             hit = self._exhausted_locked(now)
             if hit is not None:
                 return self._deny(*hit, self._window_of(hit[0]))
+            short = self._nothing_to_grant_locked(now)
+            if short is not None:
+                return short
             for i, r in enumerate(self.limits.rolling):
                 if r.metric == "runs":
                     self._windows[i].add(now, 1.0)
             self.live_runs += 1
             return CONTINUE
+
+    def _nothing_to_grant_locked(self, now: float) -> Decision | None:
+        head = self._headroom_locked(now)
+        for j, metric in enumerate(("cost_usd", "tokens")):
+            h, need = head[j], self._refused[j]
+            if h is None or not need:
+                continue
+            left = max(0.0, h - self._granted[j])
+            if left < need:
+                return Decision(
+                    Action.STOP,
+                    REASON_STATUS[Reason.TENANT_BUDGET],
+                    Reason.TENANT_BUDGET,
+                    None,
+                    metric,
+                    f"tenant {self.tenant}: {metric} has {left:g} left to grant, less than the "
+                    f"{need:g} a run last needed (granted to live runs {self._granted[j]:g})",
+                )
+        return None
 
     def run_ended(self) -> None:
         with self._lock:
@@ -275,7 +304,8 @@ class TenantBudget:
                 if not want:
                     continue
                 used = self._used(i, now)
-                available = max(0.0, r.limit - used)
+                granted = self._granted[0 if r.metric == "cost_usd" else 1]
+                available = max(0.0, r.limit - used - granted)
                 if want > available + 1e-12:
                     raise BudgetExceeded(
                         f"tenant {self.tenant}: reserving {r.metric}={want:g} would oversell "
@@ -295,6 +325,23 @@ class TenantBudget:
             res.done = True
             self._held["cost_usd"] -= res.cost_usd
             self._held["tokens"] -= res.tokens
+
+    def headroom(self, now: float) -> tuple[float | None, float | None]:
+        """What the ``cost_usd`` and ``tokens`` windows have left (the tightest window of each,
+        net of held reservations, floored at 0); ``None`` = no window of that metric."""
+        with self._lock:
+            return self._headroom_locked(now)
+
+    def _headroom_locked(self, now: float) -> tuple[float | None, float | None]:
+        out: list[float | None] = [None, None]
+        for i, r in enumerate(self.limits.rolling):
+            j = 0 if r.metric == "cost_usd" else 1 if r.metric == "tokens" else -1
+            if j < 0:
+                continue
+            left = max(0.0, r.limit - self._used(i, now))
+            prev = out[j]
+            out[j] = left if prev is None else min(prev, left)
+        return (out[0], out[1])
 
     def status(self, now: float) -> list[tuple[str, float, float, float]]:
         """``(metric, window_s, used, limit)`` for every rolling limit."""

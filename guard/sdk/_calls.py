@@ -12,6 +12,7 @@ from guard.policy import Action, Decision, Phase, Reason
 from guard.policy import Status as RunStatus
 from guard.sdk import _spans as A
 from guard.sdk._outcome import tag
+from guard.sdk._reserve import budget_stop, tenant_reserve_sync
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "MISSING",
     "current_batch",
+    "current_call",
     "emit_call_span",
     "provider_for",
     "record_tool_call",
@@ -30,6 +32,9 @@ MISSING: Any = object()  # "no result given" (None is a legitimate tool result)
 
 # The tool batch whose reserved slots the tool calls of this context consume.
 current_batch: contextvars.ContextVar[Any] = contextvars.ContextVar("guard_batch", default=None)
+# The one call of a batch that ``run_tools`` runs in this context (its own slot, so a
+# ``@guard.tool`` or ``step.tool_call`` inside it consumes that slot and nobody else's).
+current_call: contextvars.ContextVar[Any] = contextvars.ContextVar("guard_call", default=None)
 _ERROR = Status(StatusCode.ERROR)
 _CLIENT, _INTERNAL = SpanKind.CLIENT, SpanKind.INTERNAL
 _AFTER_TOOLS, _CONTINUE = Phase.AFTER_TOOL_BATCH, Action.CONTINUE
@@ -93,11 +98,13 @@ def emit_call_span(
     span.end()
 
 
-def reserve_tool(run: Run) -> Reservation | None:
+def reserve_tool(run: Run, cost_usd: float | None = None) -> Reservation | None:
     """Admit one tool call before it runs (refuse new work; never oversell the quota).
 
-    Uses a slot reserved by an enclosing tool batch when there is one. Raises
-    ``RunStopped(max_tool_calls)`` when the quota is used up.
+    Uses a slot reserved by an enclosing tool batch when there is one. A paid tool
+    (``cost_usd``) also reserves its price against the run, its ancestors and its tenant.
+    Raises ``RunStopped`` (``max_tool_calls``, ``cost_budget``, ``tenant_budget``) when the
+    call cannot be covered.
     """
     run.check_stop()
     batch = current_batch.get()
@@ -105,16 +112,25 @@ def reserve_tool(run: Run) -> Reservation | None:
         slot = batch.take_slot()
         if slot is not None:
             return slot
-    if not _has_tool_limit(run):
+    if not cost_usd and not _has_tool_limit(run):
         return None
     try:
-        return run.budget.reserve(tool_calls=1)
+        res = run.budget.reserve(tool_calls=1, cost_usd=cost_usd or 0.0)
     except BudgetExceeded as exc:
+        if exc.metric != "tool_calls":
+            budget_stop(run, exc)
         u = run.budget.usage()
         msg = f"max_tool_calls reached (tool_calls={u.tool_calls}, available={exc.available:g})"
         d = Decision(Action.STOP, RunStatus.TERMINATED, Reason.MAX_TOOL_CALLS, message=msg)
         run.apply(d, raise_now=True)
         raise  # pragma: no cover - apply raised
+    if cost_usd:
+        try:
+            tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)
+        except BaseException:
+            res.release()
+            raise
+    return res
 
 
 def _has_tool_limit(run: Run) -> bool:
@@ -152,8 +168,10 @@ def record_tool_call(
         result_hash = fp.result({"error": type(error).__qualname__})
     batch = current_batch.get()
     in_batch = batch is not None and batch.run is run
-    if reservation is None and in_batch:
-        reservation = batch.take_slot()  # a call recorded by hand inside an admitted batch
+    if in_batch:
+        if reservation is None:
+            reservation = batch.take_slot()  # a call recorded by hand inside an admitted batch
+        batch.note_recorded(action)
     # The common case (no batch, no reservation, plain arguments that cannot fail validation):
     # recorded and decided under one lock after the loop detector. Otherwise recorded first
     # (an invalid argument raises before anything is observed).

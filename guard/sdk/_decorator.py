@@ -196,6 +196,7 @@ def _start(spec: RunSpec, is_async: bool) -> tuple[Run, Any, Any]:
     }
     if r.parent_run_id:
         attrs[A.PARENT_RUN_ID] = r.parent_run_id
+    r.fail_closed = _fail_closed(r, spec)
     r.span = rt.tracer.start_span(f"invoke_agent {spec.agent}", attributes=attrs)
     r.ctx = trace.set_span_in_context(r.span)
     sc = r.span.get_span_context()

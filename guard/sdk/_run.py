@@ -80,6 +80,10 @@ class Run:
         self.tenant = tenant
         self.parent = parent
         self.parent_run_id = parent.run_id if parent is not None else None
+        # The root run holds the tenant allowance for the whole tree (sub-agents spend it).
+        self.root: Run = parent.root if parent is not None else self
+        self.allowance: Any = None  # guard.sdk._reserve.Ceilings, pushed by the guard
+        self.fail_closed = False  # set by the decorator: refuse when the guard cannot answer
         self.requested = limits
         self.budget = Budget(limits, parent=parent.budget if parent is not None else None)
         self.detector = LoopDetector(limits.loop)

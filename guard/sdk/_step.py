@@ -14,9 +14,11 @@ from guard.sdk import _spans as A
 from guard.sdk._calls import _ERROR, MISSING, _provider_cache, emit_call_span, record_tool_call
 from guard.sdk._calls import provider_for as _provider_for
 from guard.sdk._outcome import tag
+from guard.sdk._reserve import current_reservation, make_reservation, tenant_after_call
 from guard.sdk._run import _current as _current_run
 
 if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._reserve import StepReservation
     from guard.sdk._run import Run
 
 __all__ = ["Step", "current_step", "step"]
@@ -36,6 +38,7 @@ _OPERATION, _REQUEST_MODEL, _INPUT_TOKENS, _OUTPUT_TOKENS = (
 _CACHE_READ, _REASONING_TOKENS = A.CACHE_READ, A.REASONING_TOKENS
 _STEP_SPAN, _RUN_ID, _TENANT, _STEP_INDEX = A.STEP_SPAN, A.RUN_ID, A.TENANT, A.STEP_INDEX
 _PROGRESS, _STATE_HASH, _ACTION_FP, _SEQ = A.PROGRESS, A.STATE_HASH, A.ACTION_FP, A.SEQ
+_current_res_get = current_reservation.get
 _set_span_in_context, _attach, _detach = (
     trace.set_span_in_context,
     otel_context.attach,
@@ -147,6 +150,22 @@ class Step:
     async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
         self.__exit__(et, ev, tb)
 
+    # -- reservations -------------------------------------------------------------------------
+    def reserve(
+        self, cost_usd: float | None = None, tokens: int = 0, *, model: str | None = None
+    ) -> StepReservation:
+        """Hold an estimate before a call: ``with step.reserve(cost_usd=0.02, tokens=4_000):``.
+
+        Held atomically against the run, its ancestors and its tenant's allowance when the
+        block is entered (``with`` or ``async with``); ``RunStopped`` then, before the call,
+        when it cannot be covered (``cost_budget`` / ``token_budget`` / ``tenant_budget``).
+        A ``model_call`` inside the block settles it with the actual usage; leaving the block
+        otherwise (no call, an exception, a cancel) releases it. Without ``cost_usd``,
+        ``model=`` prices ``tokens`` from the price book at the model's dearer rate (an upper
+        bound); an unpriced model reserves tokens only.
+        """
+        return make_reservation(self.run, cost_usd, tokens, model)
+
     # -- recording --------------------------------------------------------------------------
     def _parent(self) -> Any:
         return self._ctx if self._ctx is not None else self.run.ctx  # type: ignore[union-attr]
@@ -202,8 +221,16 @@ class Step:
                     cached_tokens=cached_tokens,
                 )
         # Recorded and decided under one lock; the decision is applied once the span is out.
+        # A reservation of this context (step.reserve) is settled by the call, in that lock.
+        sres = _current_res_get()
         seq, d = run.budget.model_call_quick(
-            input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd, run.soft._level
+            input_tokens,
+            output_tokens,
+            reasoning_tokens,
+            cached_tokens,
+            cost_usd,
+            run.soft._level,
+            sres.take() if sres is not None and sres.run is run else None,
         )
         attrs: dict[str, Any] = {
             _OPERATION: operation,
@@ -238,6 +265,9 @@ class Step:
             run.apply(d, raise_now=False)
         if run.parent is not None:
             run._check_ancestors(_AFTER_MODEL, raise_now=False)
+        al = run.root.allowance
+        if al is not None and sres is None:  # no reservation: keep room for the next call
+            tenant_after_call(run, al, cost_usd, input_tokens + output_tokens)
         if run._interrupt is not None:  # recorded first: completed results are kept
             run.check_stop()
         return cost_usd

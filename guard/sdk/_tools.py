@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from guard.errors import BudgetExceeded, RunStopped
-from guard.policy import Action, LoopVerdict, Phase
-from guard.sdk._calls import MISSING, current_batch, record_tool_call, reserve_tool
+from guard.policy._reservation import check_money
+from guard.sdk._calls import MISSING, reserve_tool
 from guard.sdk._run import Run, current_run_or_none
-from guard.sdk._step import current_step
 
 __all__ = ["ToolBatch", "admit_tools", "run_tools", "tool"]
 
+# The batches live in their own module; re-exported here, where they always were.
+from guard.sdk._batch import _PASS_THROUGH, ToolBatch, admit_tools, record_in_step, run_tools
+
 F = TypeVar("F", bound=Callable[..., Any])
-_PASS_THROUGH = (RunStopped, asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 _RECORDED = (*_PASS_THROUGH, Exception)  # what a tool call's record notes as its error
 
 
@@ -37,19 +35,28 @@ def _call_args(sig: inspect.Signature | None, args: tuple, kwargs: dict) -> Any:
 @overload
 def tool(fn: F) -> F: ...
 @overload
-def tool(*, name: str | None = None, retries: int = 0) -> Callable[[F], F]: ...
+def tool(
+    *, name: str | None = None, retries: int = 0, cost_usd: float | None = None
+) -> Callable[[F], F]: ...
 
 
-def tool(fn: Any = None, *, name: str | None = None, retries: int = 0) -> Any:
+def tool(
+    fn: Any = None, *, name: str | None = None, retries: int = 0, cost_usd: float | None = None
+) -> Any:
     """Record every call of a tool function: fingerprint, result hash, attempts, errors.
 
     ``@guard.tool`` or ``@guard.tool(name="search", retries=2)``; sync or async. Outside a run
     the function runs untouched. A call is admitted first (cancelled runs and an exhausted
     ``max_tool_calls`` refuse it without running it); ``retries`` re-runs a failing call and
     counts every attempt. An exception is recorded as a tool_error observation and re-raised.
+    ``cost_usd``: the price of one call of a paid tool; it is reserved before the call
+    (against the run, its ancestors and its tenant: ``RunStopped`` when it cannot be covered)
+    and recorded as the call's cost.
     """
+    if cost_usd is not None:
+        cost_usd = check_money("cost_usd", cost_usd)
     if fn is None:
-        return lambda f: tool(f, name=name, retries=retries)
+        return lambda f: tool(f, name=name, retries=retries, cost_usd=cost_usd)
     tool_name = name or getattr(fn, "__name__", "tool")
     try:
         sig: inspect.Signature | None = inspect.signature(fn)
@@ -63,7 +70,7 @@ def tool(fn: Any = None, *, name: str | None = None, retries: int = 0) -> Any:
             run = current_run_or_none()
             if run is None:
                 return await fn(*args, **kwargs)
-            call = _ToolCall(run, tool_name, sig, args, kwargs, retries)
+            call = _ToolCall(run, tool_name, sig, args, kwargs, retries, cost_usd)
             while True:
                 call.attempts += 1
                 try:
@@ -81,7 +88,7 @@ def tool(fn: Any = None, *, name: str | None = None, retries: int = 0) -> Any:
         run = current_run_or_none()
         if run is None:
             return fn(*args, **kwargs)
-        call = _ToolCall(run, tool_name, sig, args, kwargs, retries)
+        call = _ToolCall(run, tool_name, sig, args, kwargs, retries, cost_usd)
         while True:
             call.attempts += 1
             try:
@@ -99,7 +106,18 @@ class _ToolCall:
     """One call of a ``@guard.tool`` function: admitted when made (refuse new work), then
     recorded exactly once, however it ends."""
 
-    __slots__ = ("args", "attempts", "kwargs", "name", "retries", "run", "sig", "slot", "started")
+    __slots__ = (
+        "args",
+        "attempts",
+        "cost_usd",
+        "kwargs",
+        "name",
+        "retries",
+        "run",
+        "sig",
+        "slot",
+        "started",
+    )
 
     def __init__(
         self,
@@ -109,8 +127,10 @@ class _ToolCall:
         args: tuple,
         kwargs: dict,
         retries: int,
+        cost_usd: float | None = None,
     ) -> None:
-        self.slot = reserve_tool(run)  # raises RunStopped before the tool runs
+        self.slot = reserve_tool(run, cost_usd)  # raises RunStopped before the tool runs
+        self.cost_usd = cost_usd
         self.run, self.name, self.sig, self.args, self.kwargs = run, name, sig, args, kwargs
         self.retries = retries
         self.started = time.time()
@@ -133,164 +153,14 @@ class _ToolCall:
         return value
 
     def _record(self, value: Any, exc: BaseException | None) -> None:
-        run = self.run
-        step = current_step()
-        if step is not None and step.run is not run:
-            step = None
-        if step is not None:
-            step.tool_calls += 1
-        record_tool_call(
-            run,
-            step._ctx if step is not None else run.ctx,
-            step,
+        record_in_step(
+            self.run,
             self.name,
             _call_args(self.sig, self.args, self.kwargs),
             result=value,
             attempts=self.attempts,
+            cost_usd=self.cost_usd,
             error=exc,
             started_at=self.started,
             reservation=self.slot,
         )
-
-
-# ------------------------------------------------------------------------------- batches
-
-
-def _call_id(call: Any) -> Any:
-    if isinstance(call, dict):
-        return call.get("id") or call.get("tool_call_id")
-    return getattr(call, "id", None)
-
-
-class ToolBatch:
-    """A batch of parallel tool calls admitted atomically against ``max_tool_calls``.
-
-    ``admitted``: the calls that may run; ``rejected``: the overflow, each answered by
-    :meth:`rejection` (an explicit error result: a tool call must be answered, never dropped).
-    Tool calls recorded while the batch is current (``@guard.tool``, ``step.tool_call``)
-    consume the reserved slots; :meth:`complete` releases unused slots and evaluates the
-    policy once for the whole batch.
-    """
-
-    def __init__(self, run: Run | None, calls: Sequence[Any]) -> None:
-        self.run = run
-        self.calls = list(calls)
-        self._slots: list[Any] = []
-        self._lock = threading.Lock()
-        self._verdict: LoopVerdict | None = None
-        self._token: Any = None
-        self._done = False
-        n_ok = len(self.calls)
-        self.reason = ""
-        if run is not None:
-            run.check_stop()
-            n_ok = 0
-            for _ in self.calls:
-                try:
-                    slot = run.budget.reserve(tool_calls=1)
-                except BudgetExceeded as exc:
-                    u = run.budget.usage()
-                    self.reason = (
-                        f"rejected: max_tool_calls reached (tool_calls={u.tool_calls}, "
-                        f"admitted in this batch={n_ok}, available={exc.available:g})"
-                    )
-                    break
-                self._slots.append(slot)
-                n_ok += 1
-            self._token = current_batch.set(self)
-        self.admitted = self.calls[:n_ok]
-        self.rejected = self.calls[n_ok:]
-
-    def rejection(self, call: Any) -> dict[str, Any]:
-        """The error result for a rejected call (shape of a tool-result message)."""
-        return {"tool_call_id": _call_id(call), "is_error": True, "content": self.reason}
-
-    def take_slot(self) -> Any:
-        with self._lock:
-            return self._slots.pop() if self._slots else None
-
-    def note_verdict(self, verdict: LoopVerdict) -> None:
-        with self._lock:
-            if verdict.level is not Action.CONTINUE and (
-                self._verdict is None or verdict.level is Action.STOP
-            ):
-                self._verdict = verdict
-
-    def complete(self, results: Iterable[Any] = ()) -> list[Any]:
-        """Release unused slots, check the policy once, and return all results in call order.
-
-        ``results`` are those of ``admitted`` (in order); rejected calls get their error
-        result in place. Exceptions among ``results`` are turned into error results.
-        """
-        out: list[Any] = []
-        it = iter(results)
-        n_ok = len(self.admitted)
-        for i, call in enumerate(self.calls):
-            if i >= n_ok:
-                out.append(self.rejection(call))
-                continue
-            value = next(it, None)
-            if isinstance(value, BaseException):
-                value = {
-                    "tool_call_id": _call_id(call),
-                    "is_error": True,
-                    "content": f"error: {type(value).__name__}",
-                }
-            out.append(value)
-        self.close()
-        return out
-
-    def close(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        with self._lock:
-            slots, self._slots = self._slots, []
-        for s in slots:
-            s.release()
-        if self._token is not None:
-            try:
-                current_batch.reset(self._token)
-            except ValueError:
-                current_batch.set(None)
-        run = self.run
-        if run is not None:
-            run.after(Phase.AFTER_TOOL_BATCH, self._verdict)
-
-    def __enter__(self) -> ToolBatch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def admit_tools(calls: Sequence[Any]) -> ToolBatch:
-    """Admit a batch of parallel tool calls against the run's ``max_tool_calls``.
-
-    Reservation is atomic across threads and tasks, so concurrent batches never oversell.
-    Outside a run everything is admitted.
-    """
-    return ToolBatch(current_run_or_none(), calls)
-
-
-async def run_tools(calls: Sequence[Any], fn: Callable[[Any], Any]) -> list[Any]:
-    """Admit ``calls``, run ``fn(call)`` for the admitted ones concurrently, answer them all.
-
-    Returns one result per call in order: the tool's value, an explicit error result for a
-    rejected call or a failed one. A cancel or a stop propagates (in-flight calls are
-    cancelled with the run's task).
-    """
-    batch = admit_tools(calls)
-    try:
-
-        async def one(call: Any) -> Any:
-            res = fn(call)
-            return await res if inspect.isawaitable(res) else res
-
-        results = await asyncio.gather(*(one(c) for c in batch.admitted), return_exceptions=True)
-        for r in results:
-            if isinstance(r, RunStopped | asyncio.CancelledError):
-                raise r
-        return batch.complete(results)
-    finally:
-        batch.close()

@@ -26,6 +26,7 @@ from guard.server._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 from guard.wire import (
+    check_allowance_request,
     check_heartbeat,
     check_hello,
     check_run_started,
@@ -91,6 +92,9 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         registry.ended_by_agent(
                             session, outcome_from_pb(msg.run_ended.outcome), principal
                         )
+                    elif body == "allowance_request":
+                        check_allowance_request(msg.allowance_request)
+                        registry.allowances.request(session, msg.allowance_request, principal)
                     elif body == "hello":
                         raise InvalidInput("hello sent twice on one stream")
                     else:

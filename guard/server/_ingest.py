@@ -105,6 +105,7 @@ class Ingest:
     tenants: Any
     config: Any
     max_runs: int
+    allowances: Any
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
         """Apply one request's observations. Returns (rejected spans, first error texts)."""
@@ -138,6 +139,7 @@ class Ingest:
                 if run is None:
                     if run_id in self.ended:
                         stats["late_spans"] += 1
+                        self.allowances.late_span(o, scope, spent)  # still the tenant's spend
                         continue
                     if o[KIND] == KIND_RUN:
                         continue  # the end of a run we never tracked: nothing to decide
@@ -285,6 +287,7 @@ class Ingest:
             if td.stop:
                 self.tenant_cut(tenant, td)
         if touched:
+            self.allowances.observe(touched)  # spend moves from the runs' grants to windows
             now = self.clock()
             for run, (phase, verdict, _, _) in touched.items():
                 run.touched_at = now

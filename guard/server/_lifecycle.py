@@ -43,6 +43,7 @@ class Lifecycle:
     sink: Any
     clock: Any
     grace_s: float
+    allowances: Any
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
@@ -58,6 +59,7 @@ class Lifecycle:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
+            self.allowances.release(run, outcome)  # keeps the tail its final usage announces
             self._finish(run)
         elif outcome.run_id in self.ended:
             self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
@@ -116,6 +118,7 @@ class Lifecycle:
             self.ended.popitem(last=False)
 
     def _finish(self, run: RunState) -> None:
+        self.allowances.release(run)  # every way out gives the tenant's grant back
         self._forget(run)
         if run.admitted:
             self.tenants.run_ended(run.tenant)
@@ -166,6 +169,7 @@ class Lifecycle:
                 self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
+        self.allowances.renew()
         return more
 
     def _agent_gone(self, run: RunState, why: str) -> None:

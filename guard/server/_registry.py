@@ -29,6 +29,7 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
+from guard.server._allowances import Allowances
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions
 from guard.server._fanout import AgentSession, DecisionLog
@@ -101,6 +102,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             "adopted_runs": 0,
         }
         self._tenant_cut: dict[str, float] = {}
+        self.allowances = Allowances(self)
 
     # -- admission ------------------------------------------------------------------------
     def _check_id(self, run_id: str) -> None:
@@ -306,6 +308,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         return run
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
+        self.allowances.on_admit(run, session)  # the run's ceilings arrive before its Admit
         body = pb.Admit(
             run_id=run.run_id,
             request_id=request_id,

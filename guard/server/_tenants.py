@@ -41,6 +41,10 @@ class Tenants:
                 self._passive.add(tenant)
         return tb
 
+    def budget(self, tenant: str) -> TenantBudget | None:
+        """The tenant's budget (``None`` beyond the tracked-tenants cap)."""
+        return self._get(tenant)
+
     def admit(self, tenant: str) -> Decision:
         """Count a new run against the tenant, or say why not (STOP / tenant_budget)."""
         tb = self._get(tenant)

@@ -1,0 +1,270 @@
+"""Tenant allowances: slices of a tenant's rolling ``cost_usd`` / ``tokens`` windows granted to
+its live root runs, so a tenant budget holds across processes (DESIGN §3.5, Envoy RLQS-style).
+
+Accounting, per tenant and per metric with a window (``cost_usd``, ``tokens``):
+
+* a run's **grant** is a *ceiling on its cumulative usage* (the run's whole life, sub-agents
+  included), so a repeated or reordered message is harmless;
+* its **seen** usage is what the guard has observed of it (that usage is in the windows);
+* its **outstanding** grant is ``max(0, ceiling - seen)``: granted but not yet spent;
+* the invariant: ``window used + held reservations + all outstanding grants <= limit`` after
+  every grant, and no spend within a grant can break it (a spend moves an amount from the
+  outstanding grant into the window). Only usage *beyond* a grant (a run that did not ask, an
+  estimate that was too low) can push the total past the limit, by exactly that excess.
+
+A grant answers a request for ``need`` more: it is ``max(need, chunk)`` capped by what is left
+(``chunk`` = ``fraction`` of the tightest window's limit, shrunk to an equal share of what is
+left among the runs holding grants), or nothing at all with ``exhausted`` when even ``need``
+does not fit. A run's first grant (nothing needed yet) is at least the last need asked for,
+room permitting, so it does not start below one typical call. A run that ends gives back its outstanding grant, except the part its final
+usage says is still on the way (spans that arrive after the run ended): that *tail* stays held
+until those spans are seen or ``tail_s`` passes.
+
+Pure: no I/O, and thread-safe (one lock per tenant).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from guard.errors import InvalidInput
+from guard.policy._rolling import TenantBudget
+
+__all__ = ["ALLOWANCE_METRICS", "AllowanceGrant", "TenantAllowances"]
+
+ALLOWANCE_METRICS = ("cost_usd", "tokens")
+_EPS = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class AllowanceGrant:
+    """A run's ceilings after a grant (``None`` = that metric has no tenant window)."""
+
+    run_id: str
+    max_cost_usd: float | None
+    max_tokens: float | None
+    exhausted: bool = False
+    detail: str = ""
+
+
+class _Entry:
+    __slots__ = ("ceiling", "expires_at", "seen")
+
+    def __init__(self, seen: list[float]) -> None:
+        self.seen = list(seen)
+        self.ceiling = list(seen)  # nothing granted yet
+        self.expires_at: float | None = None  # set once the run ended (its tail)
+
+    def outstanding(self, i: int) -> float:
+        return max(0.0, self.ceiling[i] - self.seen[i])
+
+
+class TenantAllowances:
+    """The grants of one tenant (see the module docstring for the accounting)."""
+
+    def __init__(self, budget: TenantBudget, *, fraction: float = 0.05, tail_s: float = 5.0):
+        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
+            raise InvalidInput(f"fraction must be in (0, 1], got {fraction!r}")
+        self.budget = budget
+        self.fraction = fraction
+        self.tail_s = tail_s
+        self._entries: dict[str, _Entry] = {}
+        # The budget's own lock and its list of outstanding grants per metric: its
+        # reservations and these grants are checked against each other atomically.
+        self._out = budget._granted
+        self._live = 0  # entries of live runs (the others are tails)
+        # The last need asked for per metric: a new run's first grant is at least that much
+        # when there is room, so a run does not start with less than one typical call.
+        self._typical = [0.0, 0.0]
+        self._lock = budget._lock
+
+    # -- reading ----------------------------------------------------------------------------
+    def tracked(self) -> bool:
+        """Whether the tenant has a window an allowance can be cut from."""
+        return any(r.metric in ALLOWANCE_METRICS for r in self.budget.limits.rolling)
+
+    def outstanding(self) -> tuple[float, float]:
+        """Granted but unspent (cost_usd, tokens), over every run of the tenant."""
+        with self._lock:
+            return (self._out[0], self._out[1])
+
+    def grant_of(self, run_id: str) -> AllowanceGrant | None:
+        with self._lock:
+            e = self._entries.get(run_id)
+            return None if e is None else self._grant_locked(run_id, e)
+
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- grants -----------------------------------------------------------------------------
+    def grant(
+        self,
+        run_id: str,
+        now: float,
+        *,
+        need_cost_usd: float = 0.0,
+        need_tokens: float = 0.0,
+        seen: tuple[float, float] = (0.0, 0.0),
+    ) -> AllowanceGrant:
+        """Grant ``run_id`` at least the ``need`` more (a chunk when nothing is needed, e.g.
+        at admission), all or nothing: when ``need`` does not fit under what the tenant has
+        left, nothing changes and the answer is ``exhausted``. ``seen`` is the run's usage
+        already in the windows when it is new here (a run re-registered after a restart)."""
+        need = [_finite(need_cost_usd), _finite(need_tokens)]
+        with self._lock:
+            self._expire_locked(now)
+            e = self._entries.get(run_id)
+            if e is None:
+                e = self._entries[run_id] = _Entry([_finite(seen[0]), _finite(seen[1])])
+                self._live += 1
+            if e.expires_at is not None:  # ended: nothing more for it
+                return self._grant_locked(run_id, e)
+            head = self.budget._headroom_locked(now)
+            limits = self._limits()
+            sharers = max(1, self._live)
+            add = [0.0, 0.0]
+            for i, h in enumerate(head):
+                if h is None:
+                    continue
+                available = max(0.0, h - self._out[i])
+                if need[i] > available + _EPS:
+                    self.budget._refused[i] = need[i]  # new runs are denied meanwhile
+                    metric = ALLOWANCE_METRICS[i]
+                    return AllowanceGrant(
+                        run_id,
+                        *self._ceilings_locked(e),
+                        exhausted=True,
+                        detail=(
+                            f"tenant {self.budget.tenant}: {metric} needs {need[i]:g} more, "
+                            f"{available:g} left to grant (limit {limits[i]:g}, used+held "
+                            f"{limits[i] - h:g}, granted to live runs {self._out[i]:g})"
+                        ),
+                    )
+                chunk = min(limits[i] * self.fraction, available / sharers)
+                if need[i]:
+                    self._typical[i] = need[i]
+                else:
+                    chunk = max(chunk, self._typical[i])
+                add[i] = min(available, max(need[i], chunk))
+            for i in range(2):
+                if add[i] > 0.0:
+                    before = e.outstanding(i)
+                    e.ceiling[i] = max(e.ceiling[i], e.seen[i]) + add[i]
+                    self._out[i] += e.outstanding(i) - before
+            return self._grant_locked(run_id, e)
+
+    def _limits(self) -> list[float]:
+        out = [math.inf, math.inf]
+        for r in self.budget.limits.rolling:
+            if r.metric in ALLOWANCE_METRICS:
+                i = ALLOWANCE_METRICS.index(r.metric)
+                out[i] = min(out[i], r.limit)
+        return out
+
+    def _ceilings_locked(self, e: _Entry) -> tuple[float | None, float | None]:
+        has = [False, False]
+        for r in self.budget.limits.rolling:
+            if r.metric in ALLOWANCE_METRICS:
+                has[ALLOWANCE_METRICS.index(r.metric)] = True
+        return (
+            e.ceiling[0] if has[0] else None,
+            e.ceiling[1] if has[1] else None,
+        )
+
+    def _grant_locked(self, run_id: str, e: _Entry) -> AllowanceGrant:
+        return AllowanceGrant(run_id, *self._ceilings_locked(e))
+
+    # -- spending and releasing ---------------------------------------------------------------
+    def observe(self, run_id: str, cost_usd: float, tokens: float) -> None:
+        """The run's cumulative usage as the guard now sees it (it only grows): what it
+        spent moves from its outstanding grant into the windows."""
+        v = [_finite(cost_usd), _finite(tokens)]
+        with self._lock:
+            e = self._entries.get(run_id)
+            if e is not None:
+                self._set_seen_locked(e, v, cumulative=True)
+
+    def observe_many(self, items: list[tuple[str, float, float]]) -> None:
+        """:meth:`observe` for several runs ``(run_id, cost_usd, tokens)`` in one lock (the
+        guard's per-request batch; the values come from budgets, which only hold finite
+        amounts >= 0)."""
+        entries = self._entries
+        with self._lock:
+            for run_id, cost, tokens in items:
+                e = entries.get(run_id)
+                if e is not None and (cost > e.seen[0] or tokens > e.seen[1]):
+                    self._set_seen_locked(e, [cost, tokens], cumulative=True)
+
+    def spend_late(self, run_id: str, cost_usd: float, tokens: float) -> None:
+        """Usage of a run that already ended (its late spans): consumes its tail."""
+        v = [_finite(cost_usd), _finite(tokens)]
+        with self._lock:
+            e = self._entries.get(run_id)
+            if e is not None:
+                self._set_seen_locked(e, v, cumulative=False)
+                if all(e.outstanding(i) <= _EPS for i in range(2)):
+                    self._drop_locked(run_id)
+
+    def _set_seen_locked(self, e: _Entry, v: list[float], *, cumulative: bool) -> None:
+        for i in range(2):
+            before = e.outstanding(i)
+            e.seen[i] = max(e.seen[i], v[i]) if cumulative else e.seen[i] + v[i]
+            self._out[i] += e.outstanding(i) - before
+            if abs(self._out[i]) < 1e-9:
+                self._out[i] = max(0.0, self._out[i])
+
+    def release(self, run_id: str, now: float, *, final: tuple[float, float] | None = None) -> None:
+        """The run ended (any way). Its outstanding grant goes back to the tenant, except a
+        tail up to its ``final`` cumulative usage (the agent's count) not seen yet, held for
+        ``tail_s`` for the spans still on their way. Idempotent."""
+        with self._lock:
+            e = self._entries.get(run_id)
+            if e is None or e.expires_at is not None:
+                return
+            if final is None:
+                self._drop_locked(run_id)
+                return
+            for i in range(2):
+                before = e.outstanding(i)
+                e.ceiling[i] = min(e.ceiling[i], max(e.seen[i], _finite(final[i])))
+                self._out[i] += e.outstanding(i) - before
+            if all(e.outstanding(i) <= _EPS for i in range(2)):
+                self._drop_locked(run_id)
+            else:
+                e.expires_at = now + self.tail_s
+                self._live -= 1
+
+    def _drop_locked(self, run_id: str) -> None:
+        e = self._entries.pop(run_id, None)
+        if e is not None:
+            if e.expires_at is None:
+                self._live -= 1
+            for i in range(2):
+                self._out[i] = max(0.0, self._out[i] - e.outstanding(i))
+
+    def _expire_locked(self, now: float) -> None:
+        if self._live == len(self._entries):
+            return  # no tails
+        gone = [
+            rid
+            for rid, e in self._entries.items()
+            if e.expires_at is not None and e.expires_at <= now
+        ]
+        for rid in gone:
+            self._drop_locked(rid)
+
+    def expire(self, now: float) -> None:
+        """Give back the tails whose time is up."""
+        with self._lock:
+            self._expire_locked(now)
+
+
+def _finite(v: float) -> float:
+    v = float(v)
+    if not math.isfinite(v) or v < 0:
+        raise InvalidInput(f"allowance amounts must be finite and >= 0, got {v!r}")
+    return v

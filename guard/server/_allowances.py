@@ -1,0 +1,279 @@
+"""Tenant allowances on the guard: grant, push, attribute spend, release (DESIGN §3.5).
+
+The accounting is the policy's :class:`~guard.policy.TenantAllowances` (one per tenant with a
+``cost_usd`` or ``tokens`` window); this module only wires it to the registry:
+
+* **grant + push**: every live *root* run gets a chunk with its Admit (pushed just before it,
+  so the run has its ceilings when it starts), again when it re-registers (the grant it holds),
+  and more in answer to an ``AllowanceRequest``; the guard renews the live runs' grants every
+  half ``allowance_ttl_s`` (the SDK falls back to its local limits after a ttl without one);
+* **spend**: after each OTLP request, the cumulative usage of each touched root run (its
+  budget counts its sub-agents too) moves from its grant into the windows;
+* **late spans**: spans of a run that already ended still count towards its tenant's windows
+  (a bounded map of recently ended run ids -> tenant), and consume the run's *tail* (what
+  its final RunEnded usage says is still on the way);
+* **release**: every way a run ends gives its outstanding grant back.
+
+An ``AllowanceRequest`` naming a run that is not live on this stream (unknown, ended, or
+another tenant's: answered alike) gets ``ttl_s=0``: the SDK falls back to its local limits
+(fail-open, or refuses under ``fail_closed``). Runs on the registry's event loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from guard.errors import InvalidInput
+from guard.policy import TenantAllowances, Usage
+from guard.server._decode import (
+    CACHED,
+    COST,
+    IN,
+    KIND,
+    KIND_MODEL,
+    KIND_STEP,
+    KIND_TOOL,
+    MODEL,
+    OUT,
+    RUN_ID,
+)
+from guard.v1 import guard_pb2 as pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._auth import Principal
+    from guard.server._fanout import AgentSession
+    from guard.server._state import RunState
+
+__all__ = ["RECENT_ENDED", "Allowances"]
+
+RECENT_ENDED = 20_000  # ended run ids remembered (-> tenant, root) so late spans still count
+_TAIL_S = 5.0  # how long a run's tail (final usage not seen yet) stays held after it ended
+_MAX_TOKENS = float(2**53)  # a request beyond this is not a reservation, it is an attack
+_MAX_COST_USD = 1e9
+
+
+def _root(run: RunState) -> RunState:
+    while run.parent is not None:
+        run = run.parent
+    return run
+
+
+def _seen(run: RunState) -> tuple[float, float]:
+    cost, tokens = run.budget.held()  # the guard never reserves: held = used
+    return (cost, float(tokens))
+
+
+class Allowances:
+    """The registry's allowance desk (composition: ``registry.allowances``)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+        settings = registry.config.guard
+        self.fraction = float(settings.allowance_fraction)
+        self.ttl_s = float(settings.allowance_ttl_s)
+        self._ledgers: dict[str, TenantAllowances | None] = {}
+        self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._renewed_at = registry.clock()
+        self._dirty: set[RunState] = set()  # runs whose spend the grants do not reflect yet
+        for k in ("allowance_grants", "allowance_exhausted", "allowance_unknown", "late_counted"):
+            registry.stats.setdefault(k, 0)
+
+    # -- the ledger of a tenant --------------------------------------------------------------
+    def ledger(self, tenant: str) -> TenantAllowances | None:
+        """The tenant's allowances, or ``None`` when it has no cost_usd / tokens window."""
+        try:
+            return self._ledgers[tenant]
+        except KeyError:
+            pass
+        budget = self.registry.tenants.budget(tenant)
+        led = None
+        if budget is not None:
+            led = TenantAllowances(budget, fraction=self.fraction, tail_s=_TAIL_S)
+            if not led.tracked():
+                led = None
+        if budget is not None:  # unknown tenants beyond the cap are not remembered either
+            self._ledgers[tenant] = led
+        return led
+
+    def _push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
+        if session is None or session.closed:
+            return
+        msg = pb.Allowance(
+            run_id=grant.run_id,
+            request_id=request_id,
+            ttl_s=self.ttl_s,
+            exhausted=grant.exhausted,
+            detail=grant.detail,
+        )
+        if grant.max_cost_usd is not None:
+            msg.max_cost_usd = grant.max_cost_usd
+        if grant.max_tokens is not None:
+            msg.max_tokens = int(min(grant.max_tokens, _MAX_TOKENS))
+        session.send("allowance", msg)
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def on_admit(self, run: RunState, session: AgentSession) -> None:
+        """Before an Admit goes out: a new root run gets its first chunk, a re-registered one
+        the grant it holds (ceilings are cumulative, so a repeat is harmless)."""
+        if run.parent is not None or run.stop_reason is not None:
+            return
+        led = self.ledger(run.tenant)
+        if led is None:
+            return
+        grant = led.grant_of(run.run_id)
+        if grant is None:
+            self.refresh()
+            grant = led.grant(run.run_id, self.registry.clock(), seen=_seen(run))
+            self.registry.stats["allowance_grants"] += 1
+        self._push(session, grant)
+
+    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal):
+        """An ``AllowanceRequest``: grant at least what it needs, or say exhausted."""
+        need_cost, need_tokens = req.cost_usd, float(req.tokens)
+        if not (math.isfinite(need_cost) and 0.0 <= need_cost <= _MAX_COST_USD):
+            raise InvalidInput(f"allowance_request.cost_usd must be in [0, 1e9], got {need_cost}")
+        if need_tokens > _MAX_TOKENS:
+            raise InvalidInput(f"allowance_request.tokens {req.tokens} is out of range")
+        run = self.registry.runs.get(req.run_id)
+        if (
+            run is None
+            or run.session is not session
+            or (principal.tenant is not None and run.tenant != principal.tenant)
+        ):
+            self.registry.stats["allowance_unknown"] += 1
+            session.send(
+                "allowance", pb.Allowance(run_id=req.run_id[:256], request_id=req.request_id)
+            )
+            return
+        root = _root(run)
+        led = self.ledger(root.tenant)
+        if led is None:  # no window: nothing to ask for (no ceilings)
+            self._push(session, _Unlimited(req.run_id), req.request_id)
+            return
+        now = self.registry.clock()
+        self.refresh()
+        led.observe(root.run_id, *_seen(root))
+        grant = led.grant(
+            root.run_id, now, need_cost_usd=need_cost, need_tokens=need_tokens, seen=_seen(root)
+        )
+        self.registry.stats["allowance_exhausted" if grant.exhausted else "allowance_grants"] += 1
+        self._push(session, grant, req.request_id)
+
+    def observe(self, touched: Any) -> None:
+        """After an OTLP request: the touched runs' spend will move from their grants into
+        the windows. Only noted here (the ingest hot path); :meth:`refresh` applies it before
+        anything reads the grants. Until then the outstanding grants are over-counted, which
+        only ever grants less, never more."""
+        if self._ledgers:
+            self._dirty.update(touched)
+
+    def refresh(self) -> None:
+        """Apply the noted spend: each touched run's root (it carries its sub-agents' usage)
+        moves what it spent from its grant into the windows, one lock per tenant."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        ledgers = self._ledgers
+        batches: dict[TenantAllowances, list[tuple[str, float, float]]] = {}
+        for run in dirty:
+            led = ledgers.get(run.tenant)
+            if led is None:
+                continue
+            root = _root(run)
+            cost, tokens = _seen(root)
+            batches.setdefault(led, []).append((root.run_id, cost, tokens))
+        for led, batch in batches.items():
+            led.observe_many(batch)
+
+    def release(self, run: RunState, outcome: Any = None) -> None:
+        """The run ended (any way): its grant goes back, but for the tail its final usage
+        says is still on the way; late spans of it still count (``late_span``)."""
+        root = _root(run)
+        if self.registry.tenants.wants_usage(run.tenant):
+            self._recent[run.run_id] = (run.tenant, root.run_id)
+            self._recent.move_to_end(run.run_id)
+            if len(self._recent) > RECENT_ENDED:
+                self._recent.popitem(last=False)
+        led = self._ledgers.get(run.tenant)
+        if led is None or root is not run:
+            return
+        led.observe(run.run_id, *_seen(run))  # what it spent, before the rest goes back
+        final = None
+        if outcome is not None:
+            cost = outcome.cost_usd or 0.0
+            tokens = float(outcome.input_tokens + outcome.output_tokens)
+            if math.isfinite(cost) and cost >= 0:
+                final = (cost, tokens)
+        led.release(run.run_id, self.registry.clock(), final=final)
+
+    def late_span(self, o: Any, scope: str | None, spent: dict[str, Usage]) -> bool:
+        """A span of a run that already ended: count it towards its tenant's windows (and
+        the run's tail). Returns whether it counted (another tenant's run never does)."""
+        entry = self._recent.get(o[RUN_ID])
+        if entry is None:
+            return False
+        tenant, root_id = entry
+        if scope is not None and tenant != scope:
+            return False
+        usage = spent.get(tenant)
+        if usage is None:
+            usage = spent[tenant] = Usage()
+        kind = o[KIND]
+        cost = 0.0
+        tokens = 0
+        if kind == KIND_MODEL:
+            inp, out, c = o[IN], o[OUT], o[COST]
+            if c is None and o[MODEL]:
+                c = self.registry.config.prices.cost_usd(
+                    o[MODEL], input_tokens=inp, output_tokens=out, cached_tokens=o[CACHED]
+                )
+            usage.model_calls += 1
+            usage.input_tokens += inp
+            usage.output_tokens += out
+            tokens = inp + out
+            if c is not None and math.isfinite(c) and c >= 0:
+                cost = c
+                usage.cost_usd = (usage.cost_usd or 0.0) + c
+        elif kind == KIND_TOOL:
+            usage.tool_calls += 1
+            usage.tool_attempts += 1
+        elif kind == KIND_STEP:
+            usage.steps += 1
+        self.registry.stats["late_counted"] += 1
+        led = self._ledgers.get(tenant)
+        if led is not None and (cost or tokens):
+            led.spend_late(root_id, cost, float(tokens))
+        return True
+
+    def renew(self) -> None:
+        """Sweep: apply noted spend, give back expired tails; every half ttl, push the live
+        runs' grants again."""
+        self.refresh()
+        now = self.registry.clock()
+        for led in self._ledgers.values():
+            if led is not None:
+                led.expire(now)
+        if now - self._renewed_at < self.ttl_s / 2:
+            return
+        self._renewed_at = now
+        for run in list(self.registry.runs.values()):
+            if run.parent is None and run.connected:
+                led = self._ledgers.get(run.tenant)
+                grant = None if led is None else led.grant_of(run.run_id)
+                if grant is not None:
+                    self._push(run.session, grant)
+
+
+class _Unlimited:
+    """The answer for a tenant without windows: no ceilings at all."""
+
+    __slots__ = ("run_id",)
+    max_cost_usd = None
+    max_tokens = None
+    exhausted = False
+    detail = ""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
