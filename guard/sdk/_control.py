@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from guard.policy import Budget, DecidedBy, Reason
+from guard.sdk._allowance_desk import AllowanceDesk
 from guard.sdk._export import channel_credentials
 from guard.sdk._records import PendingRecords
 from guard.v1 import guard_pb2 as pb
@@ -45,7 +46,6 @@ __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
-_MAX_ALLOWANCE_WAITS = 10_000  # outstanding AllowanceRequests; past it the call fails open
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
@@ -63,10 +63,9 @@ class ControlClient:
         self.guard_id = ""
         self._runs: dict[str, Run] = {}
         self._admissions: dict[int, tuple[concurrent.futures.Future[Any], str]] = {}
-        # request_id -> (future resolved with the run's new Ceilings, stop if exhausted)
-        self._allowance_waits: dict[int, tuple[concurrent.futures.Future[Any], bool]] = {}
         self._request_ids = itertools.count(1)
         self._lock = threading.Lock()
+        self.allowances = AllowanceDesk(self)  # the tenant ceilings of this process's runs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[pb.AgentMessage] | None = None
         self.unacked = PendingRecords()  # RunEnded records until the guard's RecordAck
@@ -110,62 +109,6 @@ class ControlClient:
         self.unacked.add(run.run_id, msg)
         self._send(msg)
 
-    def request_allowance(
-        self, root: Run, cost_usd: float, tokens: int, *, stop_if_exhausted: bool = False
-    ) -> concurrent.futures.Future[Any] | None:
-        """Send an ``AllowanceRequest`` for ``root`` (at least this much more). Returns a
-        future resolved with the run's new :class:`~guard.sdk._reserve.Ceilings` (``None``
-        if the stream drops first), or ``None`` when the guard is not connected now.
-        ``stop_if_exhausted``: an ``exhausted`` answer makes the run's stop pending even when
-        nobody waits for it any more."""
-        if not self.connected.is_set():
-            return None
-        rid = next(self._request_ids)
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._lock:
-            if len(self._allowance_waits) >= _MAX_ALLOWANCE_WAITS:
-                return None
-            self._allowance_waits[rid] = (fut, stop_if_exhausted)
-        self.counters["allowance_requests"] += 1
-        req = pb.AllowanceRequest(
-            run_id=root.run_id,
-            request_id=rid,
-            cost_usd=cost_usd,
-            tokens=tokens,
-            usage=usage_to_pb(root.budget.usage()),
-        )
-        self._send(pb.AgentMessage(allowance_request=req))
-        fut.add_done_callback(lambda f, rid=rid: self._forget_allowance_wait(rid))
-        return fut
-
-    def _forget_allowance_wait(self, rid: int) -> None:
-        with self._lock:
-            self._allowance_waits.pop(rid, None)
-
-    def _on_allowance(self, a: pb.Allowance) -> None:
-        """Guard -> agent: the root run's ceilings (latest wins; ttl 0 = fall back now)."""
-        from guard.sdk._reserve import Ceilings, pending_tenant_stop
-
-        with self._lock:
-            run = self._runs.get(a.run_id)
-            wait = self._allowance_waits.pop(a.request_id, None) if a.request_id else None
-        ceil = Ceilings(
-            a.max_cost_usd if a.HasField("max_cost_usd") else None,
-            a.max_tokens if a.HasField("max_tokens") else None,
-            a.ttl_s,
-            a.exhausted,
-            a.detail,
-        )
-        if run is not None and run.live:
-            run.allowance = ceil
-            if a.exhausted:
-                self.counters["allowance_exhausted"] += 1
-                if wait is not None and (wait[1] or wait[0].done()):
-                    pending_tenant_stop(run, a.detail)
-        if wait is not None and not wait[0].done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                wait[0].set_result(ceil)
-
     def stop(self, timeout_s: float = 2.0, ack_timeout_s: float | None = None) -> None:
         """Wait (bounded by ``ack_timeout_s``, default ``Settings.shutdown_ack_timeout_s``)
         for the guard to acknowledge every termination record, reconnecting meanwhile; then
@@ -197,6 +140,14 @@ class ControlClient:
             pending = list(self._admissions)
         for rid in pending:
             self._resolve(rid, None)
+
+    def next_request_id(self) -> int:
+        """A request id unique on this client (RunStarted, AllowanceRequest)."""
+        return next(self._request_ids)
+
+    def live_run(self, run_id: str) -> Run | None:
+        """The registered run of that id, if it is still live here. Caller holds ``_lock``."""
+        return self._runs.get(run_id)
 
     # -- helpers ----------------------------------------------------------------------------
     def _run_started(self, run: Run, rid: int, snapshot: Any = None) -> pb.RunStarted:
@@ -438,7 +389,7 @@ class ControlClient:
             self.unacked.ack(msg.record_ack.run_id)
             return
         if kind == "allowance":  # not acked: ceilings are cumulative, a repeat is harmless
-            self._on_allowance(msg.allowance)
+            self.allowances.on_allowance(msg.allowance)
             return
         body = getattr(msg, kind) if kind else None
         run_id = getattr(body, "run_id", "")

@@ -145,7 +145,7 @@ def _ask(
     control = run.rt.control
     if control is None:
         return None
-    return control.request_allowance(run.root, nc, nt, stop_if_exhausted=stop)
+    return control.allowances.request(run.root, nc, nt, stop_if_exhausted=stop)
 
 
 def _answered(run: Run, answer: Any) -> bool:
