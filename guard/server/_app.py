@@ -31,6 +31,7 @@ from guard.policy import PolicyConfig
 from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
 from guard.server._control import ControlServicer
+from guard.server._fair import TenantTurns
 from guard.server._fanout import AgentSession
 from guard.server._looplag import LoopLag
 from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
@@ -110,6 +111,7 @@ class GuardServer:
         self.auth = Authenticator(self.config.auth, environ)
         self.registry = Registry(self.config, self.sink, guard_id=self.guard_id)
         self.policy_pb = policy_to_pb(self.config)
+        self.turns = TenantTurns()  # one sliced request per tenant at a time
         self.draining = False
         self.port = 0
         self._server: grpc.aio.Server | None = None

@@ -63,23 +63,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         if body != "hello":
                             raise InvalidInput(f"first message must be hello, got {body}")
                         first = False
-                        hello = msg.hello
-                        check_hello(hello, live_runs=False)
-                        # authorise before welcoming: a refused stream gets no policy
-                        tenant = hello.tenant or (principal.tenant or "")
-                        principal.check_tenant(tenant, "the stream")
-                        # all or nothing: every live run is checked before any is applied
-                        for i, rs in enumerate(hello.live_runs, 1):
-                            check_run_started(rs)
-                            principal.check_tenant(rs.tenant or tenant)
-                            if i % HELLO_CHECK_SLICE == 0:
-                                await asyncio.sleep(0)
-                        session.send("welcome", self._welcome(session))
-                        registry.hello(session, hello, principal, restore=False)
-                        for i, rs in enumerate(hello.live_runs, 1):
-                            registry.register(session, rs, principal, restoring=True)
-                            if i % HELLO_SLICE == 0:
-                                await asyncio.sleep(0)
+                        await self._hello(session, msg.hello, principal)
                     elif body == "run_started":
                         check_run_started(msg.run_started)
                         registry.register(session, msg.run_started, principal)
@@ -132,6 +116,29 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                 await reader
             registry.detach(session)
             app.detach_session(session)
+
+    async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
+        """The first message: checked whole, then welcomed, then its live runs registered in
+        slices (a large one takes its tenant's turn, see ``_fair``)."""
+        registry = self.app.registry
+        check_hello(hello, live_runs=False)
+        # authorise before welcoming: a refused stream gets no policy
+        tenant = hello.tenant or (principal.tenant or "")
+        principal.check_tenant(tenant, "the stream")
+        big = len(hello.live_runs) > HELLO_SLICE
+        async with self.app.turns.turn(principal.tenant) if big else contextlib.nullcontext():
+            # all or nothing: every live run is checked before any is applied
+            for i, rs in enumerate(hello.live_runs, 1):
+                check_run_started(rs)
+                principal.check_tenant(rs.tenant or tenant)
+                if i % HELLO_CHECK_SLICE == 0:
+                    await asyncio.sleep(0)
+            session.send("welcome", self._welcome(session))
+            registry.hello(session, hello, principal, restore=False)
+            for i, rs in enumerate(hello.live_runs, 1):
+                registry.register(session, rs, principal, restoring=True)
+                if i % HELLO_SLICE == 0:
+                    await asyncio.sleep(0)
 
     def _welcome(self, session: AgentSession) -> pb.Welcome:
         cfg = self.app.config

@@ -55,10 +55,12 @@ def decode_chunk(chunk: list[Any]) -> Decoded:
 def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
     """Build the TraceService handler bound to a GuardServer-like ``app``.
 
-    ``app`` provides ``auth`` (Authenticator), ``registry`` and ``draining``.
+    ``app`` provides ``auth`` (Authenticator), ``registry``, ``turns`` (TenantTurns) and
+    ``draining``.
     """
     auth = app.auth
     registry = app.registry
+    turns = app.turns
 
     async def export(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -71,19 +73,21 @@ def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
             # between chunks, so one 16 MiB batch cannot hold it (and every cancel behind it)
             # for long.
             rejected, errors = 0, []
-            chunks: list[Decoded] = []
-            # Yields only between chunks: a request of one chunk (the usual case) costs no
-            # extra trip through the loop.
-            for chunk in lite_chunks(request, CHUNK_SPANS):
-                if chunks:
-                    await asyncio.sleep(0)
-                chunks.append(decode_chunk(chunk))
-            for decoded in chunks:
-                if len(chunks) > 1:
-                    await asyncio.sleep(0)  # before each: the last decode ran just before
-                r, e = registry.ingest(decoded, principal)
-                rejected += r
-                errors.extend(e[: max(0, 5 - len(errors))])
+            pieces = list(lite_chunks(request, CHUNK_SPANS))
+            if len(pieces) == 1:  # the usual case: one slice, no trip through the loop
+                rejected, errors = registry.ingest(decode_chunk(pieces[0]), principal)
+            elif pieces:  # sliced: one such request per tenant at a time (see _fair)
+                async with turns.turn(principal.tenant):
+                    chunks: list[Decoded] = []
+                    for chunk in pieces:
+                        if chunks:
+                            await asyncio.sleep(0)
+                        chunks.append(decode_chunk(chunk))
+                    for decoded in chunks:
+                        await asyncio.sleep(0)  # before each: the last decode ran just before
+                        r, e = registry.ingest(decoded, principal)
+                        rejected += r
+                        errors.extend(e[: max(0, 5 - len(errors))])
         except GuardError as exc:
             await abort_for(context, exc)
         if not rejected:
