@@ -4,16 +4,22 @@ The policy file (``--config guard.yaml``, DESIGN §3.3b) is loaded with PyYAML a
 ``PolicyConfig.from_dict``. Records go to the embedded ClickHouse under ``--data-dir`` unless
 ``--clickhouse DSN`` is given; ``--no-store`` runs without one. SIGTERM/SIGINT drain within
 ``--drain-s`` seconds (default 10; the Helm chart's terminationGracePeriodSeconds is 15).
+
+The guard's own metrics are off unless ``--metrics-listen`` (a Prometheus scrape endpoint)
+or ``--metrics-otlp`` (OTLP export, e.g. to a collector) is given, or the policy file's
+``guard.metrics`` section sets them; the flags override the file key by key. ``--guard-id``
+(or ``OTEL_GUARD_ID``) names the replica in its records and on every metric series.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
-__all__ = ["add_arguments", "load_config", "run"]
+__all__ = ["add_arguments", "load_config", "metrics_settings", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +45,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drain-s", type=float, default=10.0, help="graceful drain bound on SIGTERM (seconds)"
     )
+    parser.add_argument(
+        "--guard-id",
+        default=os.environ.get("OTEL_GUARD_ID") or None,
+        help="this replica's id in records and metrics (env OTEL_GUARD_ID; default: "
+        "hostname plus a random suffix)",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        default=None,
+        help="HOST:PORT of a Prometheus scrape endpoint for the guard's own metrics "
+        "(guard.metrics.listen; default off; 127.0.0.1:9464 is the usual port)",
+    )
+    parser.add_argument(
+        "--metrics-otlp",
+        default=None,
+        help="export the guard's metrics over OTLP/gRPC to this endpoint, http:// (plaintext) "
+        "or https:// (guard.metrics.otlp_endpoint; default off)",
+    )
+    parser.add_argument(
+        "--metrics-interval-s",
+        type=float,
+        default=None,
+        help="OTLP metrics export interval (guard.metrics.otlp_interval_s; default 15)",
+    )
+    parser.add_argument(
+        "--metrics-top-tenants",
+        type=int,
+        default=None,
+        help="live runs are labelled by tenant for this many tenants, the rest as (other) "
+        "(guard.metrics.top_tenants; default 20)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--json", action="store_true", help="print the bound address as JSON")
 
@@ -60,6 +97,25 @@ def load_config(path: str | None) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", path=path) from None
     return PolicyConfig.from_dict(data)
+
+
+def metrics_settings(args: argparse.Namespace, config: Any) -> Any:
+    """The policy file's ``guard.metrics`` with the ``--metrics-*`` flags laid over it, validated
+    as one settings object (a bad flag is a ConfigError naming the key)."""
+    from dataclasses import asdict
+
+    from guard.policy import parse_metrics
+
+    merged = asdict(config.guard.metrics)
+    for key, flag in (
+        ("listen", args.metrics_listen),
+        ("otlp_endpoint", args.metrics_otlp),
+        ("otlp_interval_s", args.metrics_interval_s),
+        ("top_tenants", args.metrics_top_tenants),
+    ):
+        if flag is not None:
+            merged[key] = flag
+    return parse_metrics(merged, "guard.metrics")
 
 
 def _open_sink(args: argparse.Namespace, config: Any) -> Any:
@@ -96,15 +152,21 @@ async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:
         tls=tls,
         insecure_bind_any=args.insecure_bind_any,
         drain_s=args.drain_s,
+        guard_id=args.guard_id,
+        metrics=metrics_settings(args, config),
     )
     await server.start()
     from guard.server._gc import bound_gc_pauses
 
     bound_gc_pauses()  # full collections would otherwise hold the loop for 100 ms
+    metrics = server.metrics.address if server.metrics is not None else None
     if args.json:
-        print(json.dumps({"address": server.address, "guard_id": server.guard_id}), flush=True)
+        shown = {"address": server.address, "guard_id": server.guard_id}
+        print(json.dumps({**shown, "metrics_address": metrics}), flush=True)
     else:
         print(f"otel-guard listening on {server.address} (guard_id {server.guard_id})", flush=True)
+        if metrics is not None:
+            print(f"otel-guard metrics on http://{metrics}/metrics", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

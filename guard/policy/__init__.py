@@ -31,6 +31,7 @@ from guard.policy._rolling import (
     TenantLimits,
     TenantReservation,
 )
+from guard.policy._telemetry import MetricsSettings, parse_metrics
 from guard.policy._types import (
     CONTINUE,
     DEFAULT_SOFT_THRESHOLDS,
@@ -71,6 +72,7 @@ __all__ = [
     "LoopDetector",
     "LoopSettings",
     "LoopVerdict",
+    "MetricsSettings",
     "ModelPrice",
     "Outcome",
     "Phase",
@@ -95,5 +97,6 @@ __all__ = [
     "limits_to_dict",
     "native_available",
     "parse_limits",
+    "parse_metrics",
     "utilisation",
 ]

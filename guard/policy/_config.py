@@ -24,6 +24,7 @@ from guard.policy._parse import (
 )
 from guard.policy._presets import PRESETS
 from guard.policy._rolling import ROLLING_METRICS, RollingLimit, TenantLimits
+from guard.policy._telemetry import MetricsSettings, parse_metrics
 from guard.policy._types import Limits
 
 __all__ = [
@@ -131,6 +132,8 @@ class GuardSettings:
     # allowance_ttl_s unless renewed (the guard renews live runs' grants at half that).
     allowance_fraction: float = 0.05
     allowance_ttl_s: float = 30.0
+    # The guard's own metrics (Prometheus endpoint, OTLP export): off unless configured.
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +251,8 @@ def _guard(data: Any, path: str) -> GuardSettings:
         kw["allowance_ttl_s"] = req_float(
             d["allowance_ttl_s"], f"{path}.allowance_ttl_s", minimum=0.0, exclusive=True
         )
+    if "metrics" in d:
+        kw["metrics"] = parse_metrics(d["metrics"], f"{path}.metrics")
     for name in ("max_tracked_runs", "heartbeat_interval_ms", "admit_timeout_ms"):
         if name in d:
             v = opt_int(d[name], f"{path}.{name}", minimum=1)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +29,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from guard.errors import ConfigError, GuardUnavailable
-from guard.policy import PolicyConfig
+from guard.policy import MetricsSettings, PolicyConfig
 from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
 from guard.server._control import ControlServicer
@@ -94,12 +96,15 @@ class GuardServer:
         guard_id: str | None = None,
         drain_s: float = DEFAULT_DRAIN_S,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        metrics: MetricsSettings | None = None,
     ) -> None:
         self.config = config if config is not None else PolicyConfig.from_dict(None)
         self.listen = listen
         self.sink = sink if sink is not None else NullSink()
         self.tls = tls
-        self.guard_id = guard_id or f"guard-{uuid.uuid4().hex[:12]}"
+        # The replica's id in records, ListRuns and every metric series: the host (the pod's
+        # name under Kubernetes) plus a random part, so two guards on one host differ.
+        self.guard_id = guard_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
         self.drain_s = float(drain_s)
         self.max_message_bytes = int(max_message_bytes)
         if self.config.auth is None and not insecure_bind_any and not is_loopback(listen):
@@ -120,6 +125,9 @@ class GuardServer:
         self._sweeper: asyncio.Task[None] | None = None
         self.loop_lag = LoopLag()
         self._stopped: asyncio.Event | None = None
+        self.export_refusals: Counter[str] = Counter()  # whole Export requests, by status
+        self.metrics_settings = metrics if metrics is not None else self.config.guard.metrics
+        self.metrics: Any = None  # a _metrics.GuardMetrics while running, when enabled
 
     @property
     def address(self) -> str:
@@ -179,6 +187,10 @@ class GuardServer:
         if not port:
             raise GuardUnavailable(f"could not bind {self.listen}")
         self.port = port
+        if self.metrics_settings.enabled:  # before serving: a bad metrics address stops here
+            from guard.server._metrics import GuardMetrics
+
+            self.metrics = GuardMetrics(self, self.metrics_settings).start()
         await server.start()
         self._server = server
         self._stopped = asyncio.Event()
@@ -224,6 +236,9 @@ class GuardServer:
                 await asyncio.wait_for(asyncio.to_thread(flush, left), timeout=left)
             except Exception:
                 log.warning("store flush did not finish within %.1fs", left)
+        if self.metrics is not None:  # after the flush: the last export has the final counts
+            left = max(0.1, deadline - time.monotonic())
+            await asyncio.to_thread(self.metrics.shutdown, left)
         assert self._stopped is not None
         self._stopped.set()
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from guard.store._records import DecisionRecord
@@ -36,6 +37,8 @@ class DecisionLog:
         self.guard_id = guard_id
         self.latencies_ms: deque[float] = deque(maxlen=4096)  # recent, for ListRuns/benchmarks
         self.written = 0
+        # Called with each record as it is written (the guard's metrics count decisions here).
+        self.on_write: Callable[[DecisionRecord, float | None], None] | None = None
 
     def write(self, record: DecisionRecord, latency_ms: float | None) -> None:
         record.delivery_latency_ms = latency_ms
@@ -45,6 +48,8 @@ class DecisionLog:
         self.written += 1
         with contextlib.suppress(Exception):
             self.sink.write_decision(record)
+        if self.on_write is not None:
+            self.on_write(record, latency_ms)
 
 
 class AgentSession:

@@ -68,9 +68,9 @@ class Lifecycle:
         if self._write_run(outcome):
             self._ack_record(session, outcome.run_id)
 
-    @staticmethod
-    def _ack_record(session: AgentSession | None, run_id: str) -> None:
+    def _ack_record(self, session: AgentSession | None, run_id: str) -> None:
         if session is not None:
+            self.stats["records_acked"] += 1
             session.send("record_ack", pb.RecordAck(run_id=run_id))
 
     def end_run(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
+from collections.abc import Callable
 
 __all__ = ["RECENT", "TICK_S", "LoopLag"]
 
@@ -35,6 +36,7 @@ class LoopLag:
         self._recent = array("d", bytes(8 * recent))
         self._busy = array("d", bytes(8 * recent))
         self._task: asyncio.Task[None] | None = None
+        self.on_sample: Callable[[float], None] | None = None  # each lag in ms (metrics)
 
     def start(self) -> None:
         if self._task is None:
@@ -60,6 +62,8 @@ class LoopLag:
             self.samples += 1
             self.max_ms = max(self.max_ms, lag_ms)
             self.busy_max_ms = max(self.busy_max_ms, busy_ms)
+            if self.on_sample is not None:
+                self.on_sample(lag_ms)
 
     def figures(self) -> dict[str, float]:
         """``loop_{lag,busy}_{max,recent_max,p50,p99}_ms`` and ``loop_lag_samples``."""

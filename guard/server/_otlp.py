@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from guard.errors import GuardError, GuardUnavailable, InvalidInput
 from guard.server._decode import Decoded
 from guard.server._rawdecode import LiteRequest, decode_lite_spans, lite_chunks
-from guard.server._status import abort_for
+from guard.server._status import abort_for, status_for
 
 __all__ = ["CHUNK_SPANS", "SERVICE_NAME", "decode_chunk", "parse_export", "trace_service_handler"]
 
@@ -55,8 +55,8 @@ def decode_chunk(chunk: list[Any]) -> Decoded:
 def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
     """Build the TraceService handler bound to a GuardServer-like ``app``.
 
-    ``app`` provides ``auth`` (Authenticator), ``registry``, ``turns`` (TenantTurns) and
-    ``draining``.
+    ``app`` provides ``auth`` (Authenticator), ``registry``, ``turns`` (TenantTurns),
+    ``draining`` and ``export_refusals`` (a Counter: refused requests by status name).
     """
     auth = app.auth
     registry = app.registry
@@ -89,6 +89,7 @@ def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
                         rejected += r
                         errors.extend(e[: max(0, 5 - len(errors))])
         except GuardError as exc:
+            app.export_refusals[status_for(exc).name] += 1
             await abort_for(context, exc)
         if not rejected:
             return _OK

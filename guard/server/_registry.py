@@ -100,6 +100,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             "replayed_spans": 0,
             "provisional_spans_dropped": 0,
             "adopted_runs": 0,
+            "records_acked": 0,
         }
         self._tenant_cut: dict[str, float] = {}
         self.allowances = Allowances(self)

@@ -1,0 +1,344 @@
+"""The guard's own metrics, through the OpenTelemetry metrics SDK: a Prometheus scrape
+endpoint and/or periodic OTLP export (``guard.metrics`` in the policy file, or the
+``--metrics-*`` flags of ``otel-guard serve``). README "Guard metrics" lists every name.
+
+Cost: the ingest path pays nothing per span. Counts the registry and the store keep anyway
+(``Registry.stats``, ``Store.counters()``, ``by_tenant``) are read by observable instruments
+when a reader collects (a scrape, an OTLP export), on the collecting thread: each read is one
+copy of a dict or a ``len`` (single C-level operations under the GIL), so it needs no hop
+onto the event loop and answers even while the loop is stuck. Only events with no counter
+of their own are recorded as they happen: a decision as it is written (its kind, reason and
+delivery latency) and each event-loop lag sample (100 a second).
+
+Every series carries the replica: ``guard.id`` is a resource attribute (OTLP) and a label
+``guard_id`` on every Prometheus series. Live runs are labelled by tenant for the
+``top_tenants`` tenants with the most live runs; the rest are summed as ``tenant="(other)"``,
+so one guard exports at most ``top_tenants + 1`` such series whatever the tenants on the wire.
+
+Redis figures (round trips, errors, fail-open periods) are exported once a Redis component
+exists to report them: it takes :meth:`GuardMetrics.redis` (or :data:`NO_REDIS_TELEMETRY`
+when metrics are off) and calls the :class:`RedisTelemetry` methods; their instruments are
+created on that first call, so a guard without Redis exports none.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from guard.errors import GuardUnavailable
+from guard.policy import MetricsSettings, Reason
+from guard.policy._telemetry import split_host_port
+from guard.store._records import DecisionRecord
+
+__all__ = ["NO_REDIS_TELEMETRY", "OTHER_TENANTS", "GuardMetrics", "RedisTelemetry", "top_tenants"]
+
+log = logging.getLogger("guard.server.metrics")
+
+OTHER_TENANTS = "(other)"  # live runs of the tenants outside the top N
+NO_TENANT = "(none)"  # runs without a tenant id
+_ACTIONS = frozenset({"warn", "wrap_up", "cancel", "deny"})
+_REASONS = frozenset(r.value for r in Reason)
+# Seconds. Delivery: a decision is pushed within a few ms; acks after ACK_TIMEOUT_S never come.
+_LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_LAG_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_STORE_OUTCOMES = (
+    "queued", "written", "spooled", "replayed", "dropped", "dead_lettered", "deduplicated",
+)  # fmt: skip
+_ALLOWANCES = (("granted", "allowance_grants"), ("exhausted", "allowance_exhausted"),
+               ("unknown", "allowance_unknown"))  # fmt: skip
+
+
+def top_tenants(by_tenant: dict[str, Any], n: int) -> list[tuple[str, int]]:
+    """(tenant label, live runs) for the ``n`` tenants with the most runs (ties by name),
+    then ``(other)`` with the rest (always present, 0 when there is none)."""
+    counts = [(t or NO_TENANT, len(runs)) for t, runs in list(by_tenant.items())]
+    best = heapq.nsmallest(n, (c for c in counts if c[1]), key=lambda c: (-c[1], c[0]))
+    rest = sum(c[1] for c in counts) - sum(c[1] for c in best)
+    return [*best, (OTHER_TENANTS, rest)]
+
+
+class RedisTelemetry:
+    """What a Redis component reports: round trips, errors and fail-open periods."""
+
+    def __init__(self, meter: Any) -> None:
+        self._rtt = meter.create_histogram(
+            "otel_guard.redis.round_trip",
+            unit="s",
+            description="Redis round-trip time per operation (EVALSHA script, publish, ...)",
+            explicit_bucket_boundaries_advisory=_LATENCY_BOUNDS,
+        )
+        self._errors = meter.create_counter(
+            "otel_guard.redis.errors", unit="{error}", description="Redis operations that failed"
+        )
+        self._periods = meter.create_counter(
+            "otel_guard.fail_open.periods",
+            unit="{period}",
+            description="times Redis became unreachable and the guard enforced local windows",
+        )
+        self.fail_open_active = False
+        meter.create_observable_gauge(
+            "otel_guard.fail_open.active",
+            callbacks=[lambda _o: [Observation(int(self.fail_open_active))]],
+            unit="1",
+            description="1 while the guard runs on local windows because Redis is unreachable",
+        )
+
+    def round_trip(self, seconds: float, op: str) -> None:
+        self._rtt.record(seconds, {"op": op})
+
+    def error(self, error_type: str) -> None:
+        self._errors.add(1, {"error.type": error_type})
+
+    def fail_open(self, active: bool) -> None:
+        """Call on every change; a period is counted when one begins."""
+        if active and not self.fail_open_active:
+            self._periods.add(1)
+        self.fail_open_active = active
+
+
+class _NoRedisTelemetry(RedisTelemetry):
+    def __init__(self) -> None:
+        self.fail_open_active = False
+
+    def round_trip(self, seconds: float, op: str) -> None:
+        return None
+
+    def error(self, error_type: str) -> None:
+        return None
+
+    def fail_open(self, active: bool) -> None:
+        self.fail_open_active = active
+
+
+NO_REDIS_TELEMETRY: RedisTelemetry = _NoRedisTelemetry()
+
+
+class GuardMetrics:
+    """The metrics of one GuardServer (``app``). ``start()`` on the server's loop; ``shutdown``
+    exports a last time (OTLP) and closes the scrape endpoint."""
+
+    def __init__(self, app: Any, settings: MetricsSettings) -> None:
+        self.app = app
+        self.settings = settings
+        self.address: str | None = None  # HOST:PORT of the scrape endpoint once started
+        self._http: Any = None
+        self._redis: RedisTelemetry | None = None
+        readers: list[MetricReader] = []
+        if settings.listen is not None:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry
+
+            self._prom_registry = CollectorRegistry(auto_describe=False)  # this guard's own
+            readers.append(
+                PrometheusMetricReader(
+                    scope_info_enabled=False,
+                    resource_attribute_filter=lambda key: key == "guard.id",
+                    registry=self._prom_registry,
+                )
+            )
+        if settings.otlp_endpoint is not None:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+            timeout_s = min(10.0, max(1.0, settings.otlp_interval_s))
+            exporter = OTLPMetricExporter(
+                endpoint=settings.otlp_endpoint,
+                insecure=settings.otlp_endpoint.startswith("http://"),
+                timeout=timeout_s,
+            )
+            readers.append(
+                PeriodicExportingMetricReader(
+                    exporter,
+                    export_interval_millis=settings.otlp_interval_s * 1000.0,
+                    export_timeout_millis=timeout_s * 1000.0,
+                )
+            )
+        resource = Resource.create(
+            {
+                "service.name": "otel-guard",
+                "service.instance.id": app.guard_id,
+                "guard.id": app.guard_id,
+            }
+        )
+        self.provider = MeterProvider(metric_readers=readers, resource=resource)
+        self.meter = self.provider.get_meter("otel-guard")
+        self._instruments()
+
+    # -- instruments ----------------------------------------------------------------------
+    def _instruments(self) -> None:
+        m = self.meter
+        app = self.app
+        registry = app.registry
+
+        def stat(key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            return lambda _o: [Observation(registry.stats.get(key, 0))]
+
+        def counter(name: str, unit: str, text: str, key: str) -> None:
+            m.create_observable_counter(name, callbacks=[stat(key)], unit=unit, description=text)
+
+        counter("otel_guard.spans.received", "{span}", "spans in accepted Export requests", "spans")
+        counter(
+            "otel_guard.spans.refused",
+            "{span}",
+            "spans refused one by one (partial_success: bad counters, another tenant's run, "
+            "capacity)",
+            "rejected_spans",
+        )
+        counter("otel_guard.records.acked", "{record}", "RecordAcks sent", "records_acked")
+        counter("otel_guard.agents.lost", "{run}", "runs ended as agent_lost", "agent_lost")
+        counter(
+            "otel_guard.capacity.rejections",
+            "{run}",
+            "runs refused because max_tracked_runs was reached",
+            "capacity_rejections",
+        )
+        m.create_observable_counter(
+            "otel_guard.export.refused",
+            callbacks=[self._refusals],
+            unit="{request}",
+            description="Export requests refused whole, by gRPC status (error.type)",
+        )
+        m.create_observable_counter(
+            "otel_guard.allowances",
+            callbacks=[self._allowances],
+            unit="{grant}",
+            description="tenant allowance requests by outcome (granted, exhausted, unknown)",
+        )
+        m.create_observable_gauge(
+            "otel_guard.runs.live",
+            callbacks=[self._live_runs],
+            unit="{run}",
+            description="live runs by tenant (top tenants; the rest as tenant=(other))",
+        )
+        m.create_observable_gauge(
+            "otel_guard.sessions",
+            callbacks=[lambda _o: [Observation(len(registry.sessions))]],
+            unit="{session}",
+            description="attached agent control streams",
+        )
+        m.create_observable_gauge(
+            "otel_guard.loop.lag.recent",
+            callbacks=[self._lag_recent],
+            unit="s",
+            description="event-loop lag over the last ~20 s (quantile 0.5, 0.99, 1 = max)",
+        )
+        if callable(getattr(app.sink, "counters", None)):
+            m.create_observable_counter(
+                "otel_guard.store.records",
+                callbacks=[self._store_records],
+                unit="{record}",
+                description="store records by outcome (queued, written, spooled, replayed, "
+                "dropped, dead_lettered, deduplicated)",
+            )
+            m.create_observable_gauge(
+                "otel_guard.store.pending",
+                callbacks=[lambda _o: [Observation(app.sink.counters().get("pending", 0))]],
+                unit="{record}",
+                description="records queued in memory for the store's writer",
+            )
+        self._decisions = m.create_counter(
+            "otel_guard.decisions",
+            unit="{decision}",
+            description="decisions written, by action, reason and whether the agent acked",
+        )
+        self._delivery = m.create_histogram(
+            "otel_guard.decision.delivery_latency",
+            unit="s",
+            description="decision sent -> agent's ack",
+            explicit_bucket_boundaries_advisory=_LATENCY_BOUNDS,
+        )
+        self._lag = m.create_histogram(
+            "otel_guard.loop.lag",
+            unit="s",
+            description="how late the event loop ran a 10 ms timer",
+            explicit_bucket_boundaries_advisory=_LAG_BOUNDS,
+        )
+
+    def _refusals(self, _o: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(n, {"error.type": k}) for k, n in dict(self.app.export_refusals).items()
+        ]
+
+    def _allowances(self, _o: CallbackOptions) -> list[Observation]:
+        stats = dict(self.app.registry.stats)
+        return [Observation(stats.get(key, 0), {"outcome": name}) for name, key in _ALLOWANCES]
+
+    def _live_runs(self, _o: CallbackOptions) -> list[Observation]:
+        rows = top_tenants(self.app.registry.by_tenant, self.settings.top_tenants)
+        return [Observation(n, {"tenant": t}) for t, n in rows]
+
+    def _lag_recent(self, _o: CallbackOptions) -> list[Observation]:
+        f = self.app.loop_lag.figures()
+        return [
+            Observation(f["loop_lag_p50_ms"] / 1000.0, {"quantile": "0.5"}),
+            Observation(f["loop_lag_p99_ms"] / 1000.0, {"quantile": "0.99"}),
+            Observation(f["loop_lag_recent_max_ms"] / 1000.0, {"quantile": "1"}),
+        ]
+
+    def _store_records(self, _o: CallbackOptions) -> list[Observation]:
+        c = self.app.sink.counters()
+        return [Observation(c.get(k, 0), {"outcome": k}) for k in _STORE_OUTCOMES]
+
+    # -- events ---------------------------------------------------------------------------
+    def decision_written(self, record: DecisionRecord, latency_ms: float | None) -> None:
+        try:
+            action = record.action if record.action in _ACTIONS else "other"
+            reason = record.reason if record.reason in _REASONS else "other"
+            delivered = latency_ms is not None
+            self._decisions.add(1, {"action": action, "reason": reason, "delivered": delivered})
+            if delivered:
+                self._delivery.record(latency_ms / 1000.0, {"action": action})
+        except Exception:  # the guard's metrics never break the guard
+            log.debug("decision metric failed", exc_info=True)
+
+    def lag_sample(self, lag_ms: float) -> None:
+        try:
+            self._lag.record(lag_ms / 1000.0)
+        except Exception:
+            log.debug("loop lag metric failed", exc_info=True)
+
+    def redis(self) -> RedisTelemetry:
+        """The Redis component's reporting hooks (instruments created on the first call)."""
+        if self._redis is None:
+            self._redis = RedisTelemetry(self.meter)
+        return self._redis
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> GuardMetrics:
+        if self.settings.listen is not None:
+            from prometheus_client import start_http_server
+
+            host, port = split_host_port(self.settings.listen, "guard.metrics.listen")
+            try:
+                self._http, _ = start_http_server(port, addr=host, registry=self._prom_registry)
+            except OSError as exc:
+                self.provider.shutdown(timeout_millis=1000)
+                raise GuardUnavailable(
+                    f"could not bind the metrics endpoint {self.settings.listen}: {exc}"
+                ) from None
+            shown = f"[{host}]" if ":" in host else host
+            self.address = f"{shown}:{self._http.server_port}"
+            log.info("guard metrics on http://%s/metrics", self.address)
+        self.app.registry.log.on_write = self.decision_written
+        self.app.loop_lag.on_sample = self.lag_sample
+        return self
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Blocking (run it off the loop): a last OTLP export, then the endpoint closes."""
+        self.app.registry.log.on_write = None
+        self.app.loop_lag.on_sample = None
+        try:
+            self.provider.shutdown(timeout_millis=timeout_s * 1000.0)
+        except Exception:
+            log.warning("guard metrics did not shut down cleanly", exc_info=True)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
