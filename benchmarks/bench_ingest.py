@@ -17,7 +17,9 @@ JSON. Goals: guard >= 100k spans/s/core and >= 0.25x the floor.
     python benchmarks/bench_ingest.py [--requests 300] [--concurrency 8] [--no-rotel] [--numbered]
 
 ``--numbered``: every counted span carries its record number (``guard.seq``), as the SDK's
-spans do when it has a control stream.
+spans do when it has a control stream. ``--metrics``: also measure a guard with its own metrics
+on (``guard.metrics.listen``, a Prometheus endpoint), reported as ``guard_metrics`` with its
+ratio to the plain guard of the same run (``metrics_vs_plain``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ tenants:
     rolling:
       - {metric: cost_usd, limit: 1000000000000.0, window_s: 3600}
       - {metric: tokens, limit: 1000000000000000.0, window_s: 60}
+"""
+METRICS_POLICY = """
+guard:
+  metrics:
+    listen: 127.0.0.1:0
 """
 
 
@@ -280,6 +287,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--no-rotel", action="store_true")
     parser.add_argument("--numbered", action="store_true", help="guard.seq on the spans")
+    parser.add_argument("--metrics", action="store_true", help="also a guard with metrics on")
     parser.add_argument("--role", choices=["floor"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -292,25 +300,29 @@ def main() -> None:
     results = []
     procs: list[subprocess.Popen] = []
     try:
-        # guard
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "guard.yaml"
-            cfg.write_text(POLICY)
-            guard, port = start_guard(str(cfg))
-            procs.append(guard)
-            results.append(
-                measure(
-                    "guard",
-                    guard.pid,
-                    f"127.0.0.1:{port}",
-                    payloads,
-                    args.requests,
-                    args.concurrency,
-                    pre=_register_runs,
+        # guard (and the same guard exporting its own metrics)
+        variants = [("guard", POLICY)]
+        if args.metrics:
+            variants.append(("guard_metrics", POLICY + METRICS_POLICY))
+        for name, policy in variants:
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = Path(tmp) / "guard.yaml"
+                cfg.write_text(policy)
+                guard, port = start_guard(str(cfg))
+                procs.append(guard)
+                results.append(
+                    measure(
+                        name,
+                        guard.pid,
+                        f"127.0.0.1:{port}",
+                        payloads,
+                        args.requests,
+                        args.concurrency,
+                        pre=_register_runs,
+                    )
                 )
-            )
-            guard.terminate()
-            guard.wait(20)
+                guard.terminate()
+                guard.wait(20)
         # floor
         fport = free_port()
         floor = subprocess.Popen([py, __file__, "--role", "floor", "--port", str(fport)])
@@ -340,6 +352,8 @@ def main() -> None:
         "guard_vs_floor": round(g / f, 3) if g and f else None,
         "goals": {"spans_per_s_per_core": 100_000, "vs_floor": 0.25},
     }
+    if "guard_metrics" in by:
+        out["metrics_vs_plain"] = round(by["guard_metrics"]["spans_per_s_per_core"] / g, 3)
     if "rotel" in by and by["rotel"].get("spans_per_s_per_core"):
         out["guard_vs_rotel"] = round(g / by["rotel"]["spans_per_s_per_core"], 3)
     print(json.dumps(out, indent=2))

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -146,7 +147,7 @@ def test_deployment_essentials(values_name, default, prod):
     assert args[args.index("--data-dir") + 1] == "/var/lib/otel-guard"
     drain_s = float(args[args.index("--drain-s") + 1])
     assert drain_s + 10 <= pod_grace(docs)
-    assert c["ports"] == [{"name": "grpc", "containerPort": 4317, "protocol": "TCP"}]
+    assert c["ports"][0] == {"name": "grpc", "containerPort": 4317, "protocol": "TCP"}
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert c[probe]["grpc"] == {"port": 4317}, probe
     assert pod["terminationGracePeriodSeconds"] == values.get("terminationGracePeriodSeconds", 30)
@@ -202,7 +203,58 @@ def test_services(default):
     assert pdb["selector"]["matchLabels"].items() <= pod_labels.items()
     netpol = default[("NetworkPolicy", FULLNAME)]["spec"]
     assert netpol["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    assert netpol["ingress"] == [{"ports": [{"port": "grpc", "protocol": "TCP"}]}]
+    assert netpol["ingress"] == [
+        {"ports": [{"port": "grpc", "protocol": "TCP"}]},
+        {"ports": [{"port": "metrics", "protocol": "TCP"}]},
+    ]
+
+
+def test_metrics_wiring(default):
+    """The guard's metrics: flags, container port, scrape annotations, the replica id from the
+    pod's name, the NetworkPolicy rule; OTLP export and the ServiceMonitor when asked."""
+    c = _container(default)
+    args = c["args"]
+    assert args[args.index("--metrics-listen") + 1] == "0.0.0.0:9464"
+    assert args[args.index("--metrics-top-tenants") + 1] == "20"
+    assert "--metrics-otlp" not in args
+    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in c["ports"]
+    assert _env(default)["OTEL_GUARD_ID"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+    annotations = default[("Deployment", FULLNAME)]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9464"
+    values = {
+        "metrics": {
+            "otlp_endpoint": "http://otel-collector.observability:4317",
+            "otlp_interval_s": 5,
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kps"}},
+            "ingressFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        }
+    }
+    docs = _render(values)
+    args = _container(docs)["args"]
+    assert args[args.index("--metrics-otlp") + 1] == "http://otel-collector.observability:4317"
+    assert args[args.index("--metrics-interval-s") + 1] == "5"
+    svc = docs[("Service", f"{FULLNAME}-metrics")]
+    kubernetes_validate.validate(svc, KUBE_VERSIONS[-1], strict=True)
+    monitor = docs[("ServiceMonitor", FULLNAME)]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
+    # the grpc Services do not select the metrics Service's label: no double scrape
+    assert "app.kubernetes.io/component" not in docs[("Service", FULLNAME)]["metadata"]["labels"]
+    netpol = docs[("NetworkPolicy", FULLNAME)]["spec"]
+    assert netpol["ingress"][1]["from"] == values["metrics"]["ingressFrom"]
+    off = _render({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}})
+    assert not any(a.startswith("--metrics") for a in _container(off)["args"])
+    assert "prometheus.io/scrape" not in (
+        off[("Deployment", FULLNAME)]["spec"]["template"]["metadata"]["annotations"]
+    )
+    assert ("ServiceMonitor", FULLNAME) not in off
+    assert len(off[("NetworkPolicy", FULLNAME)]["spec"]["ingress"]) == 1
 
 
 @pytest.mark.parametrize("values_name", ["default", "prod"])
@@ -346,6 +398,11 @@ def test_collector_configmap_wiring(prod):
         {"policy": {"unknown_section": {}}},
         {"secret": {"adminToken": 42}},
         {"collector": {"batchTimeout": "fast"}},
+        {"metrics": {"port": 0}},
+        {"metrics": {"otlp_endpoint": "collector:4317"}},
+        {"metrics": {"top_tenants": 5000}},
+        {"metrics": {"serviceMonitor": {"interval": "often"}}},
+        {"metrics": {"listen": "0.0.0.0:9464"}},
         {"no_such_value": True},
     ],
     ids=lambda v: json.dumps(v)[:60],
@@ -420,6 +477,9 @@ def test_rendered_pod_runs_the_real_guard(tmp_path, default):
     the probe port, service ""), call GuardAdmin with the admin token from the Secret, then
     SIGTERM it: it must exit within the grace period."""
     pod = default[("Deployment", FULLNAME)]["spec"]["template"]["spec"]
+    pod_annotations = default[("Deployment", FULLNAME)]["spec"]["template"]["metadata"][
+        "annotations"
+    ]
     c = _container(default)
     secret = {
         k: base64.b64decode(v).decode() for k, v in default[("Secret", FULLNAME)]["data"].items()
@@ -440,6 +500,9 @@ def test_rendered_pod_runs_the_real_guard(tmp_path, default):
     args[args.index("--listen") + 1] = f"127.0.0.1:{port}"
     args[args.index("--config") + 1] = str(config_dir / "guard.yaml")
     args[args.index("--data-dir") + 1] = str(tmp_path / "data")
+    metrics_port = free_port()
+    args[args.index("--metrics-listen") + 1] = f"127.0.0.1:{metrics_port}"
+    env["OTEL_GUARD_ID"] = "otel-guard-7d9f-x2"  # the downward API's metadata.name
     assert c["command"] == ["otel-guard"]
     argv = [sys.executable, "-m", "guard.cli", *args]
     log = (tmp_path / "guard.log").open("wb")
@@ -471,6 +534,12 @@ def test_rendered_pod_runs_the_real_guard(tmp_path, default):
                 wrong = [("authorization", "Bearer wrong")]
                 admin.ListRuns(guard_pb2.ListRunsRequest(), metadata=wrong, timeout=5)
             assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # The scrape endpoint the pod annotations point at, labelled with the pod's name.
+        scraped = f"http://127.0.0.1:{metrics_port}{pod_annotations['prometheus.io/path']}"
+        with urllib.request.urlopen(scraped, timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'otel_guard_spans_received_total{guard_id="otel-guard-7d9f-x2"}' in text
+        assert 'otel_guard_store_records_total{guard_id="otel-guard-7d9f-x2",outcome="queued"}' in text
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=pod["terminationGracePeriodSeconds"])
