@@ -105,6 +105,11 @@ class GuardServer:
         # The replica's id in records, ListRuns and every metric series: the host (the pod's
         # name under Kubernetes) plus a random part, so two guards on one host differ.
         self.guard_id = guard_id or f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        if len(self.guard_id) > 128 or not self.guard_id.isprintable():
+            raise ConfigError(
+                f"guard id {self.guard_id[:40]!r}… must be 1-128 printable characters",
+                path="guard_id",
+            )
         self.drain_s = float(drain_s)
         self.max_message_bytes = int(max_message_bytes)
         if self.config.auth is None and not insecure_bind_any and not is_loopback(listen):

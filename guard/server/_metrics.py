@@ -65,15 +65,21 @@ def top_tenants(by_tenant: dict[str, Any], n: int) -> list[tuple[str, int]]:
     return [*best, (OTHER_TENANTS, rest)]
 
 
+def _seconds_histogram(meter: Any, name: str, text: str, bounds: tuple[float, ...]) -> Any:
+    return meter.create_histogram(
+        name, unit="s", description=text, explicit_bucket_boundaries_advisory=bounds
+    )
+
+
 class RedisTelemetry:
     """What a Redis component reports: round trips, errors and fail-open periods."""
 
     def __init__(self, meter: Any) -> None:
-        self._rtt = meter.create_histogram(
+        self._rtt = _seconds_histogram(
+            meter,
             "otel_guard.redis.round_trip",
-            unit="s",
-            description="Redis round-trip time per operation (EVALSHA script, publish, ...)",
-            explicit_bucket_boundaries_advisory=_LATENCY_BOUNDS,
+            "Redis round-trip time per operation (EVALSHA script, publish, ...)",
+            _LATENCY_BOUNDS,
         )
         self._errors = meter.create_counter(
             "otel_guard.redis.errors", unit="{error}", description="Redis operations that failed"
@@ -180,85 +186,54 @@ class GuardMetrics:
         def stat(key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
             return lambda _o: [Observation(registry.stats.get(key, 0))]
 
-        def counter(name: str, unit: str, text: str, key: str) -> None:
-            m.create_observable_counter(name, callbacks=[stat(key)], unit=unit, description=text)
-
-        counter("otel_guard.spans.received", "{span}", "spans in accepted Export requests", "spans")
-        counter(
-            "otel_guard.spans.refused",
-            "{span}",
-            "spans refused one by one (partial_success: bad counters, another tenant's run, "
-            "capacity)",
-            "rejected_spans",
-        )
-        counter("otel_guard.records.acked", "{record}", "RecordAcks sent", "records_acked")
-        counter("otel_guard.agents.lost", "{run}", "runs ended as agent_lost", "agent_lost")
-        counter(
-            "otel_guard.capacity.rejections",
-            "{run}",
-            "runs refused because max_tracked_runs was reached",
-            "capacity_rejections",
-        )
-        m.create_observable_counter(
-            "otel_guard.export.refused",
-            callbacks=[self._refusals],
-            unit="{request}",
-            description="Export requests refused whole, by gRPC status (error.type)",
-        )
-        m.create_observable_counter(
-            "otel_guard.allowances",
-            callbacks=[self._allowances],
-            unit="{grant}",
-            description="tenant allowance requests by outcome (granted, exhausted, unknown)",
-        )
-        m.create_observable_gauge(
-            "otel_guard.runs.live",
-            callbacks=[self._live_runs],
-            unit="{run}",
-            description="live runs by tenant (top tenants; the rest as tenant=(other))",
-        )
-        m.create_observable_gauge(
-            "otel_guard.sessions",
-            callbacks=[lambda _o: [Observation(len(registry.sessions))]],
-            unit="{session}",
-            description="attached agent control streams",
-        )
-        m.create_observable_gauge(
-            "otel_guard.loop.lag.recent",
-            callbacks=[self._lag_recent],
-            unit="s",
-            description="event-loop lag over the last ~20 s (quantile 0.5, 0.99, 1 = max)",
-        )
+        counter, gauge = m.create_observable_counter, m.create_observable_gauge
+        observed: list[tuple[Any, str, str, Callable[..., Any], str]] = [
+            (counter, "otel_guard.spans.received", "{span}", stat("spans"),
+             "spans in accepted Export requests"),
+            (counter, "otel_guard.spans.refused", "{span}", stat("rejected_spans"),
+             "spans refused one by one (partial_success: bad counters, another tenant's run, "
+             "capacity)"),
+            (counter, "otel_guard.records.acked", "{record}", stat("records_acked"),
+             "RecordAcks sent"),
+            (counter, "otel_guard.agents.lost", "{run}", stat("agent_lost"),
+             "runs ended as agent_lost"),
+            (counter, "otel_guard.capacity.rejections", "{run}", stat("capacity_rejections"),
+             "runs refused because max_tracked_runs was reached"),
+            (counter, "otel_guard.export.refused", "{request}", self._refusals,
+             "Export requests refused whole, by gRPC status (error.type)"),
+            (counter, "otel_guard.allowances", "{grant}", self._allowances,
+             "tenant allowance requests by outcome (granted, exhausted, unknown)"),
+            (gauge, "otel_guard.runs.live", "{run}", self._live_runs,
+             "live runs by tenant (top tenants; the rest as tenant=(other))"),
+            (gauge, "otel_guard.sessions", "{session}",
+             lambda _o: [Observation(len(registry.sessions))], "attached agent control streams"),
+            (gauge, "otel_guard.loop.lag.recent", "s", self._lag_recent,
+             "event-loop lag over the last ~20 s (quantile 0.5, 0.99, 1 = max)"),
+        ]  # fmt: skip
         if callable(getattr(app.sink, "counters", None)):
-            m.create_observable_counter(
-                "otel_guard.store.records",
-                callbacks=[self._store_records],
-                unit="{record}",
-                description="store records by outcome (queued, written, spooled, replayed, "
-                "dropped, dead_lettered, deduplicated)",
-            )
-            m.create_observable_gauge(
-                "otel_guard.store.pending",
-                callbacks=[lambda _o: [Observation(app.sink.counters().get("pending", 0))]],
-                unit="{record}",
-                description="records queued in memory for the store's writer",
-            )
+            observed += [
+                (counter, "otel_guard.store.records", "{record}", self._store_records,
+                 "store records by outcome (queued, written, spooled, replayed, dropped, "
+                 "dead_lettered, deduplicated)"),
+                (gauge, "otel_guard.store.pending", "{record}",
+                 lambda _o: [Observation(app.sink.counters().get("pending", 0))],
+                 "records queued in memory for the store's writer"),
+            ]  # fmt: skip
+        for create, name, unit, callback, text in observed:
+            create(name, callbacks=[callback], unit=unit, description=text)
         self._decisions = m.create_counter(
             "otel_guard.decisions",
             unit="{decision}",
             description="decisions written, by action, reason and whether the agent acked",
         )
-        self._delivery = m.create_histogram(
+        self._delivery = _seconds_histogram(
+            m,
             "otel_guard.decision.delivery_latency",
-            unit="s",
-            description="decision sent -> agent's ack",
-            explicit_bucket_boundaries_advisory=_LATENCY_BOUNDS,
+            "decision sent -> agent's ack",
+            _LATENCY_BOUNDS,
         )
-        self._lag = m.create_histogram(
-            "otel_guard.loop.lag",
-            unit="s",
-            description="how late the event loop ran a 10 ms timer",
-            explicit_bucket_boundaries_advisory=_LAG_BOUNDS,
+        self._lag = _seconds_histogram(
+            m, "otel_guard.loop.lag", "how late the event loop ran a 10 ms timer", _LAG_BOUNDS
         )
 
     def _refusals(self, _o: CallbackOptions) -> list[Observation]:

@@ -242,7 +242,9 @@ def test_metrics_wiring(default):
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kps"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
     assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
     # the grpc Services do not select the metrics Service's label: no double scrape
     assert "app.kubernetes.io/component" not in docs[("Service", FULLNAME)]["metadata"]["labels"]
@@ -250,8 +252,9 @@ def test_metrics_wiring(default):
     assert netpol["ingress"][1]["from"] == values["metrics"]["ingressFrom"]
     off = _render({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}})
     assert not any(a.startswith("--metrics") for a in _container(off)["args"])
-    assert "prometheus.io/scrape" not in (
-        off[("Deployment", FULLNAME)]["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        "prometheus.io/scrape"
+        not in (off[("Deployment", FULLNAME)]["spec"]["template"]["metadata"]["annotations"])
     )
     assert ("ServiceMonitor", FULLNAME) not in off
     assert len(off[("NetworkPolicy", FULLNAME)]["spec"]["ingress"]) == 1
@@ -539,7 +542,9 @@ def test_rendered_pod_runs_the_real_guard(tmp_path, default):
         with urllib.request.urlopen(scraped, timeout=5) as resp:
             text = resp.read().decode()
         assert 'otel_guard_spans_received_total{guard_id="otel-guard-7d9f-x2"}' in text
-        assert 'otel_guard_store_records_total{guard_id="otel-guard-7d9f-x2",outcome="queued"}' in text
+        assert (
+            'otel_guard_store_records_total{guard_id="otel-guard-7d9f-x2",outcome="queued"}' in text
+        )
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=pod["terminationGracePeriodSeconds"])

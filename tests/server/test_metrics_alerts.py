@@ -14,7 +14,7 @@ from guard.policy import MetricsSettings
 from guard.server import GuardServer
 
 from ._metrics_help import scrape_until
-from .conftest import Agent, config, tool_span, step_span, trace_id_of
+from .conftest import Agent, config, step_span, tool_span, trace_id_of
 
 RULES = Path(__file__).resolve().parents[2] / "dashboards" / "alerts" / "otel-guard-rules.yaml"
 _METRIC = re.compile(r"\b(otel_guard_[a-z0-9_]+)\b(\{[^}]*\})?")
@@ -51,9 +51,7 @@ async def test_every_metric_and_label_in_the_rules_is_exported(tmp_path):
 
     with open_store(None, data_dir=tmp_path, flush_interval_s=0.05) as store:
         settings = MetricsSettings(listen="127.0.0.1:0")
-        async with GuardServer(
-            config(), listen="127.0.0.1:0", sink=store, metrics=settings
-        ) as srv:
+        async with GuardServer(config(), listen="127.0.0.1:0", sink=store, metrics=settings) as srv:
             agent = Agent(srv.address)
             await agent.connect()
             tid = trace_id_of(11)
