@@ -9,7 +9,7 @@ or imports yaml). Every key is checked: unknown keys, wrong types and out-of-ran
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from guard.errors import ConfigError
@@ -347,7 +347,7 @@ class PolicyConfig:
                 for name, p in self.prices.models.items()
             },
         }
-        out["guard"] = {f.name: getattr(self.guard, f.name) for f in fields(GuardSettings)}
+        out["guard"] = asdict(self.guard)  # nested settings (metrics) as mappings too
         out["store"] = {"retention_days": self.store.retention_days}
         changed = {k: v for k, v in self.presets.items() if PRESETS.get(k) != v}
         if changed:

@@ -77,7 +77,11 @@ def test_defaults() -> None:
 
 def test_round_trip() -> None:
     data = copy.deepcopy(DESIGN_EXAMPLE)
-    data["guard"] = {"agent_grace_s": 5, "max_tracked_runs": 10}
+    data["guard"] = {
+        "agent_grace_s": 5,
+        "max_tracked_runs": 10,
+        "metrics": {"listen": "127.0.0.1:9464", "top_tenants": 3},
+    }
     data["store"] = {"retention_days": None}
     data["presets"] = {"faq": {"max_steps": 2}, "triage": {"max_steps": 7}}
     cfg = PolicyConfig.from_dict(data)

@@ -77,6 +77,13 @@ async def test_scrape_shows_spans_decisions_tenants_and_the_replica(sink):
         labelled = [lab for name, lab, _ in got.samples if name != "target_info"]
         assert labelled and all(lab.get("guard_id") == "replica-a" for lab in labelled)
         assert got.value("target_info", guard_id="replica-a", service_name="otel-guard") == 1
+        # acme's last run ends: globex takes the one labelled place, acme's series goes away
+        await acme.end_run("a2")
+        last = await scrape_until(
+            addr, lambda s: s.value("otel_guard_runs_live", tenant="globex") == 1
+        )
+        assert last.value("otel_guard_runs_live", tenant="acme") is None
+        assert last.value("otel_guard_runs_live", tenant=OTHER_TENANTS) == 0
         await acme.close()
         await globex.close()
 
