@@ -1,0 +1,9 @@
+"""Shared state of several guard replicas in Redis (DESIGN §3.6): tenant budgets so far.
+
+Loaded only with ``--redis`` (``import guard.server`` does not import redis-py).
+"""
+
+from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets, TenantStatus
+from guard.server._redis._client import StateClient
+
+__all__ = ["RecordBatch", "RedisTenantBudgets", "StateClient", "TenantStatus"]
