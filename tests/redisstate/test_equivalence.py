@@ -165,13 +165,22 @@ async def run_both(url: str, ops: list[tuple], t0: float) -> None:
 )
 @given(ops=st.lists(op, min_size=1, max_size=50), t0=st.floats(0.0, 1e6))
 @example(  # a refused need denies new runs while what is left stays below it
-    ops=[("admit", "r0"), ("record", 0.4, 0, 0, []), ("record", 0.4, 0, 0, [])]
-    + [("grant", "r0", 0.3, 0), ("admit", "r1")],
+    ops=[
+        ("admit", "r0"),
+        ("record", 0.4, 0, 0, []),
+        ("record", 0.4, 0, 0, []),
+        ("grant", "r0", 0.3, 0),
+        ("admit", "r1"),
+    ],
     t0=0.0,
 )
 @example(  # late spend settles a tail: the entry goes
-    ops=[("admit", "r0"), ("grant", "r0", 0.2, 0), ("release", "r0", (0.1, 0))]
-    + [("late", "r0", 0.1, 0)],
+    ops=[
+        ("admit", "r0"),
+        ("grant", "r0", 0.2, 0),
+        ("release", "r0", (0.1, 0)),
+        ("late", "r0", 0.1, 0),
+    ],
     t0=0.0,
 )
 @example(ops=[("admit", f"r{i}") for i in range(4)], t0=5.0)  # the concurrency cap

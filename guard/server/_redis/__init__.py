@@ -5,5 +5,6 @@ Loaded only with ``--redis`` (``import guard.server`` does not import redis-py).
 
 from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets, TenantStatus
 from guard.server._redis._client import StateClient
+from guard.server._redis._pending import PendingUsage
 
-__all__ = ["RecordBatch", "RedisTenantBudgets", "StateClient", "TenantStatus"]
+__all__ = ["PendingUsage", "RecordBatch", "RedisTenantBudgets", "StateClient", "TenantStatus"]
