@@ -23,8 +23,6 @@ def every_call(b: RedisTenantBudgets, tenant: str) -> list:
         lambda: b.run_ended(tenant, "r"),
         lambda: b.record(tenant, Usage(cost_usd=1.0)),
         lambda: b.record_many({tenant: RecordBatch(Usage(steps=1))}),
-            }
-        ),
         lambda: b.grant(tenant, "r", need_cost_usd=1.0),
         lambda: b.grant_of(tenant, "r"),
         lambda: b.release(tenant, "r", final=(1.0, 0.0)),
