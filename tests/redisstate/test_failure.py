@@ -63,7 +63,7 @@ async def test_a_redis_that_never_answers_times_out_into_state_unavailable(tenan
         s.listen(16)
         c = StateClient(f"redis://127.0.0.1:{s.getsockname()[1]}/0", socket_timeout_ms=50)
         b = RedisTenantBudgets(c, lambda t: LIM)
-        with pytest.raises(StateUnavailable, match="(?i)timeout"):
+        with pytest.raises(StateUnavailable, match=r"(?i)timeout"):
             await b.record(tenant, Usage(cost_usd=1.0))
         assert not b.healthy
         await c.aclose()
