@@ -63,7 +63,7 @@ local function advance(w)
     w.h, w.s, w.loaded, w.width = tonumber(r[1]), tonumber(r[2]) or 0, true, w.window_s / buckets
   end
   local b = math.floor(now / w.width)
-  if w.h == nil then w.h, w.dirty = b, true; return b end
+  if w.h == nil then w.h, w.dirty, w.moved = b, true, true; return b end
   if b <= w.h then return w.h end
   if b - w.h >= buckets then
     redis.call('DEL', w.key); w.s = 0
@@ -77,7 +77,7 @@ local function advance(w)
     end
     if #gone > 0 then redis.call('HDEL', w.key, unpack(gone)) end
   end
-  w.h, w.dirty = b, true
+  w.h, w.dirty, w.moved = b, true, true
   -- float subtraction drift: when every bucket is empty the sum is exactly zero
   if math.abs(w.s) < 1e-9 then w.s = bucket_sum(w) end
   return b
@@ -90,8 +90,9 @@ local function add(w, value)
   local new = (tonumber(redis.call('HGET', w.key, f)) or 0) + value
   if -CAP <= new and new <= CAP and -CAP <= w.s + value and w.s + value <= CAP then
     w.s = w.s + value
-    redis.call('HSET', w.key, f, fmt(new))
+    w.pend = {f, fmt(new)}  -- written with h and s at the end
   else
+    w.pend = nil
     redis.call('HSET', w.key, f, fmt(sat(new)))
     w.s = sat(bucket_sum(w))
   end
@@ -127,30 +128,30 @@ local function agg()
     A = {o = {tonumber(r[1]) or 0, tonumber(r[2]) or 0}, live = tonumber(r[3]) or 0,
          t = {tonumber(r[4]) or 0, tonumber(r[5]) or 0}, r = {tonumber(r[6]) or 0, tonumber(r[7]) or 0}}
   end
-  A.dirty = true
   return A
 end
-local function entry(rid)
-  local v = redis.call('HGET', GRANTS, rid)
+local function parse(v)
   if not v then return nil end
   local f = {}
   for x in string.gmatch(v, '%S+') do f[#f + 1] = x end
   return {seen = {tonumber(f[1]), tonumber(f[2])}, ceil = {tonumber(f[3]), tonumber(f[4])},
           tail = f[5] == 'T'}
 end
-local function put(rid, e)
-  redis.call('HSET', GRANTS, rid, fmt(e.seen[1]) .. ' ' .. fmt(e.seen[2]) .. ' ' ..
-    fmt(e.ceil[1]) .. ' ' .. fmt(e.ceil[2]) .. (e.tail and ' T' or ' L'))
+local function entry(rid) return parse(redis.call('HGET', GRANTS, rid)) end
+local function pack(e)
+  return fmt(e.seen[1]) .. ' ' .. fmt(e.seen[2]) .. ' ' .. fmt(e.ceil[1]) .. ' ' ..
+    fmt(e.ceil[2]) .. (e.tail and ' T' or ' L')
 end
+local function put(rid, e) redis.call('HSET', GRANTS, rid, pack(e)) end
 local function outst(e, i) return math.max(0.0, e.ceil[i] - e.seen[i]) end
 local function drop(rid, e)
-  local a = agg()
+  local a = agg(); a.dirty = true
   redis.call('HDEL', GRANTS, rid); redis.call('ZREM', EXP, rid)
   if not e.tail then a.live = a.live - 1 end
   for i = 1, 2 do a.o[i] = math.max(0.0, a.o[i] - outst(e, i)) end
 end
 local function set_seen(e, v, cumulative)
-  local a = agg()
+  local a = agg(); a.dirty = true
   for i = 1, 2 do
     local before = outst(e, i)
     if cumulative then e.seen[i] = math.max(e.seen[i], v[i]) else e.seen[i] = e.seen[i] + v[i] end
@@ -170,7 +171,7 @@ local function release(rid, final)
   local e = entry(rid)
   if e == nil or e.tail then return end
   if final == nil then drop(rid, e); return end
-  local a = agg()
+  local a = agg(); a.dirty = true
   for i = 1, 2 do
     local before = outst(e, i)
     e.ceil[i] = math.min(e.ceil[i], math.max(e.seen[i], final[i]))
@@ -183,7 +184,7 @@ end
 local function ceilings(e) return {'g', fmt(e.ceil[1]), fmt(e.ceil[2])} end
 local function grant(rid, need, seen)
   expire()
-  local a = agg()
+  local a = agg(); a.dirty = true
   local e = entry(rid)
   if e == nil then
     e = {seen = {seen[1], seen[2]}, ceil = {seen[1], seen[2]}, tail = false}
@@ -269,12 +270,22 @@ elseif op == 'record' then
   end
   p = p + 7
   local nobs = tonumber(ARGV[p]); p = p + 1
-  for _ = 1, nobs do
-    local e = entry(ARGV[p])
-    if e then
-      set_seen(e, {tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])}, true); put(ARGV[p], e)
+  if nobs > 0 then  -- one read and one write of the grants for all the touched runs
+    local rids = {}
+    for k = 1, nobs do rids[k] = ARGV[p + 3 * (k - 1)] end
+    local vals, changed = redis.call('HMGET', GRANTS, unpack(rids)), {}
+    for k = 1, nobs do
+      local e = parse(vals[k])
+      if e then
+        local s1, s2 = e.seen[1], e.seen[2]
+        set_seen(e, {tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])}, true)
+        if e.seen[1] ~= s1 or e.seen[2] ~= s2 then
+          changed[#changed + 1] = rids[k]; changed[#changed + 1] = pack(e)
+        end
+      end
+      p = p + 3
     end
-    p = p + 3
+    if #changed > 0 then redis.call('HSET', GRANTS, unpack(changed)) end
   end
   local nlate = tonumber(ARGV[p]); p = p + 1
   for _ = 1, nlate do
@@ -316,11 +327,9 @@ elseif op == 'heartbeat' then
     local e = entry(rid)
     if e and not e.tail then redis.call('ZADD', EXP, fmt(now + lease_s), rid) end
   end
-  agg()
 elseif op == 'status' then
   local live_runs = redis.call('ZCOUNT', SLOTS, '(' .. fmt(now), '+inf')
   local a = agg()
-  A.dirty = false
   reply = {'st', fmt(live_runs), fmt(a.o[1]), fmt(a.o[2])}
   for i = 1, nwin do reply[#reply + 1] = fmt(total(W[i])) end
   local h = exhausted()
@@ -333,15 +342,20 @@ end
 for i = 1, nwin do
   local w = W[i]
   if w.dirty then
-    redis.call('HSET', w.key, 'h', fmt(w.h), 's', fmt(w.s))
-    redis.call('PEXPIRE', w.key, math.ceil(w.window_s * 1000) + 1000)
+    if w.pend then redis.call('HSET', w.key, 'h', fmt(w.h), 's', fmt(w.s), w.pend[1], w.pend[2])
+    else redis.call('HSET', w.key, 'h', fmt(w.h), 's', fmt(w.s)) end
+    -- every bucket written since the head last moved is out of the window within
+    -- window_s of that move: refreshing the TTL then is enough
+    if w.moved then redis.call('PEXPIRE', w.key, math.ceil(w.window_s * 1000) + 1000) end
   end
 end
 if A and A.dirty then
   redis.call('HSET', AGG, 'o1', fmt(A.o[1]), 'o2', fmt(A.o[2]), 'live', fmt(A.live),
              't1', fmt(A.t[1]), 't2', fmt(A.t[2]), 'r1', fmt(A.r[1]), 'r2', fmt(A.r[2]))
 end
-if op ~= 'status' and op ~= 'grant_of' then
+-- the state keys' TTL moves with every operation on runs (a record only changes keys that
+-- exist and that the runs' heartbeats keep alive)
+if op ~= 'status' and op ~= 'grant_of' and op ~= 'record' then
   for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], keep_ms) end
 end
 return reply
