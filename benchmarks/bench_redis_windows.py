@@ -31,15 +31,8 @@ from guard.policy import RollingLimit, TenantLimits, Usage  # noqa: E402
 from guard.server._redis import RecordBatch, RedisTenantBudgets, StateClient  # noqa: E402
 from tests.redisstate._server import RedisServer  # noqa: E402
 
-LIMITS = TenantLimits(
-    max_concurrent_runs=100_000,
-    rolling=(
-        RollingLimit("cost_usd", 1e9, 3600.0),
-        RollingLimit("tokens", 1e12, 3600.0),
-        RollingLimit("runs", 1e9, 3600.0),
-        RollingLimit("steps", 1e9, 60.0),
-    ),
-)
+_WINDOWS = [("cost_usd", 1e9, 3600.0), ("tokens", 1e12, 3600.0), ("runs", 1e9, 3600.0)]
+LIMITS = TenantLimits(100_000, tuple(RollingLimit(*w) for w in [*_WINDOWS, ("steps", 1e9, 60.0)]))
 
 
 def pct(xs: list[float], q: float) -> float:
