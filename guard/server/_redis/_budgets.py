@@ -25,8 +25,9 @@ with a virtual clock); one deployment must use one or the other, never both.
 =======================  ======  ==========================================================
 
 The four state keys get a TTL of ``max(windows, lease_s, tail_s) + 60 s`` at every write, so
-an idle tenant leaves nothing behind. Memory is measured by
-``benchmarks/bench_redis_windows.py``. A window's buckets are keyed by metric and length,
+an idle tenant leaves nothing behind. Memory (``benchmarks/bench_redis_windows.py``,
+Redis 6.2): a tenant with 4 windows of 60 buckets, all full, about 2.5 KB; each live run
+with a slot and a grant about 370 B (slots + grants + exp), so about 0.4 MB per 1,000. A window's buckets are keyed by metric and length,
 not by limit, so replicas with different limits during a rollout share the counts, and a
 changed limit keeps them (the in-memory ``set_limits`` starts such a window from zero).
 
@@ -61,6 +62,7 @@ __all__ = ["RecordBatch", "RedisTenantBudgets", "TenantStatus"]
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-@")
 _METRICS = ("cost_usd", "tokens")
+_MAX_SPECS = 10_000  # tenants whose keys and limits are cached
 
 
 def _tag(tenant: str) -> str:
@@ -166,6 +168,8 @@ class RedisTenantBudgets:
     def _spec(self, tenant: str) -> _Spec:
         s = self._specs.get(tenant)
         if s is None:
+            if len(self._specs) >= _MAX_SPECS:  # tenant names come from the wire
+                self._specs.clear()
             s = self._specs[tenant] = _Spec(
                 self._prefix, tenant, self._limits_of(tenant), self._tail
             )
