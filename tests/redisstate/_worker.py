@@ -34,7 +34,7 @@ async def barrier(url: str, name: str) -> None:
 
 async def main(url: str, mode: str, tenant: str, args: dict) -> dict:
     tasks = int(args.get("tasks", 8))
-    clients = [StateClient(url, socket_timeout_ms=2000) for _ in range(tasks)]
+    clients = [StateClient(url, socket_timeout_ms=10_000) for _ in range(tasks)]
     clock = (lambda: args["now"]) if "now" in args else None
     budgets = [
         RedisTenantBudgets(c, lambda t: limits(args), clock=clock, lease_s=args.get("lease_s", 30))

@@ -34,7 +34,7 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[StateClient]:
-    c = StateClient(redis_url)
+    c = StateClient(redis_url, socket_timeout_ms=5000)  # a loaded CI machine, not a dead Redis
     try:
         yield c
     finally:

@@ -81,7 +81,7 @@ async def run_both(url: str, ops: list[tuple], t0: float) -> None:
     tenant = f"eq{next(_names)}"
     budget = TenantBudget(tenant, LIMITS, buckets=BUCKETS)
     ledger = TenantAllowances(budget, fraction=0.1, tail_s=5.0)
-    client = StateClient(url)
+    client = StateClient(url, socket_timeout_ms=10_000)  # the suite shares 2 cores
     red = RedisTenantBudgets(
         client,
         lambda t: LIMITS,
@@ -184,5 +184,9 @@ async def run_both(url: str, ops: list[tuple], t0: float) -> None:
     t0=0.0,
 )
 @example(ops=[("admit", f"r{i}") for i in range(4)], t0=5.0)  # the concurrency cap
+@example(  # one run twice in one request
+    ops=[("grant", "r0", 0.0, 0), ("record", 0.0, 0, 0, [("r0", 0.0, 1), ("r0", 0.0, 234)])],
+    t0=0.0,
+)
 def test_redis_budgets_equal_the_in_memory_reference(redis_server, ops, t0):
     asyncio.run(run_both(redis_server.url, ops, t0))

@@ -273,19 +273,21 @@ elseif op == 'record' then
   if nobs > 0 then  -- one read and one write of the grants for all the touched runs
     local rids = {}
     for k = 1, nobs do rids[k] = ARGV[p + 3 * (k - 1)] end
-    local vals, changed = redis.call('HMGET', GRANTS, unpack(rids)), {}
+    local vals, got, changed = redis.call('HMGET', GRANTS, unpack(rids)), {}, {}
     for k = 1, nobs do
-      local e = parse(vals[k])
+      local rid = rids[k]
+      local e = got[rid]  -- a run named twice in one request is one entry
+      if e == nil then e = parse(vals[k]) or false; got[rid] = e end
       if e then
         local s1, s2 = e.seen[1], e.seen[2]
         set_seen(e, {tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])}, true)
-        if e.seen[1] ~= s1 or e.seen[2] ~= s2 then
-          changed[#changed + 1] = rids[k]; changed[#changed + 1] = pack(e)
-        end
+        if e.seen[1] ~= s1 or e.seen[2] ~= s2 then changed[rid] = e end
       end
       p = p + 3
     end
-    if #changed > 0 then redis.call('HSET', GRANTS, unpack(changed)) end
+    local flat = {}
+    for rid, e in pairs(changed) do flat[#flat + 1] = rid; flat[#flat + 1] = pack(e) end
+    if #flat > 0 then redis.call('HSET', GRANTS, unpack(flat)) end
   end
   local nlate = tonumber(ARGV[p]); p = p + 1
   for _ = 1, nlate do
