@@ -21,6 +21,7 @@ __all__ = [
     "InputTooLarge",
     "InvalidInput",
     "RunStopped",
+    "StateUnavailable",
     "StoreError",
 ]
 
@@ -61,6 +62,14 @@ class AuthError(GuardError):
 
 class GuardUnavailable(GuardError):
     """The guard could not be reached (only raised to the user with ``fail_closed=True``)."""
+
+
+class StateUnavailable(GuardUnavailable):
+    """The shared state of the replicas (Redis) did not answer in time or refused a call.
+
+    The caller falls back to its local state (fail-open) or denies (``fail_closed``); what the
+    failed call did is unknown (it may have been applied before the connection broke).
+    """
 
 
 class StoreError(GuardError):

@@ -1,0 +1,10 @@
+"""Shared state of several guard replicas in Redis (DESIGN §3.6): tenant budgets so far.
+
+Loaded only with ``--redis`` (``import guard.server`` does not import redis-py).
+"""
+
+from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets, TenantStatus
+from guard.server._redis._client import StateClient
+from guard.server._redis._pending import PendingUsage
+
+__all__ = ["PendingUsage", "RecordBatch", "RedisTenantBudgets", "StateClient", "TenantStatus"]
