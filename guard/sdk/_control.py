@@ -4,8 +4,11 @@ The client runs its own asyncio loop on a daemon thread, so it never blocks the 
 thread or event loop; agent threads only hand it messages with ``call_soon_threadsafe``.
 Protocol (CONTRACTS "Control stream protocol"): Hello first (with the live runs after a
 reconnect) -> Welcome; RunStarted -> Admit / Deny; warn / wrap_up / cancel directives at any
-time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. The stream
-reconnects with jittered exponential backoff. Every RunEnded is kept until the guard's
+time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. With several
+guards (``endpoint="g1:4317,g2:4317"`` or a name with several addresses, ``_targets``) a failed
+connect or a dropped stream moves on to the next guard at once, and the jittered exponential
+backoff applies per full cycle over them; the Hello re-registers the live runs with their
+counters on whichever guard the stream reaches. Every RunEnded is kept until the guard's
 RecordAck and sent again after each reconnect (``_records.PendingRecords``); shutdown waits,
 bounded by ``Settings.shutdown_ack_timeout_s``, for the acknowledgements. Nothing here raises
 into user code.
@@ -32,6 +35,7 @@ from guard.policy import Budget, DecidedBy, Reason
 from guard.sdk._allowance_desk import AllowanceDesk
 from guard.sdk._export import channel_credentials
 from guard.sdk._records import PendingRecords
+from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
 from guard.wire import limits_from_pb, limits_to_pb, outcome_to_pb, policy_from_pb, usage_to_pb
@@ -46,6 +50,9 @@ __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
+# A guard that accepts TCP but never answers (a hung process, a black-holed address) must not
+# hold the failover: the session gives up on it after this long without a channel.
+_CONNECT_TIMEOUT_S = 1.0
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
@@ -74,6 +81,9 @@ class ControlClient:
         self._stopping = False
         self._wakeup: asyncio.Event | None = None
         self._call: Any = None
+        self.ring = TargetRing(settings.endpoint or "")
+        self.route: Route = getattr(rt, "route", None) or Route()  # the span export follows it
+        self._failing_over = False  # a stream dropped and the cycle has guards left to try
         self._thread = threading.Thread(
             target=self._thread_main, name="otel-guard-control", daemon=True
         )
@@ -94,7 +104,12 @@ class ControlClient:
             self._admissions[rid] = (fut, run.run_id)
         run._request_id = rid  # type: ignore[attr-defined]
         self._send(pb.AgentMessage(run_started=self._run_started(run, rid)))
-        if self.connected.is_set() or not self.first_attempt_done.is_set() or wait:
+        if (
+            self.connected.is_set()
+            or not self.first_attempt_done.is_set()
+            or self._failing_over  # the next guard's Hello carries it: wait for its answer
+            or wait
+        ):
             return fut
         self._resolve(rid, None)
         return None
@@ -206,31 +221,40 @@ class ControlClient:
                 self._loop = None
 
     async def _run_forever(self) -> None:
+        """Connect, hold the stream, and when it ends try the next guard: immediately after a
+        failed connect while this cycle has guards left, after a short jitter when an
+        established stream dropped, and with jittered exponential backoff once every guard of
+        the cycle failed (never a hot loop)."""
         backoff = self.settings.reconnect_min_s
+        cycle: list[Address] = []
+        last: str | None = None
         while not self._stopping:
+            if not cycle:  # a new cycle: resolve the names again, go on after the last one
+                cycle = await self.ring.resolve(after=last)
+            addr = cycle.pop(0)
+            last = addr.target
             established = False
             try:
-                established = await self._session()
+                established = await self._session(addr)
             except asyncio.CancelledError:
                 if self._stopping:
                     return
             except Exception as exc:
-                self.counters["errors"] += 1
-                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    self.counters["auth_errors"] += 1
-                    if self.counters["auth_errors"] == 1:  # once: a wrong token is not transient
-                        log.warning("otel-guard: the guard refused the stream: %s", exc.details())
-                else:
-                    log.debug("otel-guard control stream error: %r", exc)
+                self._count_error(exc)
             finally:
-                self._on_disconnect()
+                self._on_disconnect(more=bool(cycle) or established)
             if self._stopping:
                 return
             if established:
                 backoff = self.settings.reconnect_min_s
-            delay = backoff * random.uniform(0.5, 1.0)  # full jitter keeps a fleet from herding
-            backoff = min(backoff * 2, self.settings.reconnect_max_s)
+                cycle = []  # the next cycle starts at the guard after this one
+                delay = backoff * random.uniform(0.5, 1.0)  # full jitter: no herd
+            elif cycle:
+                self.counters["failovers"] += 1
+                continue  # the next guard of this cycle, now
+            else:
+                delay = backoff * random.uniform(0.5, 1.0)
+                backoff = min(backoff * 2, self.settings.reconnect_max_s)
             if self._draining:  # shutdown is waiting for acks: keep trying, briefly
                 delay = min(delay, _DRAIN_RECONNECT_S)
             self.counters["reconnects"] += 1
@@ -238,37 +262,53 @@ class ControlClient:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), delay)
 
+    def _count_error(self, exc: Exception) -> None:
+        self.counters["errors"] += 1
+        code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            self.counters["auth_errors"] += 1
+            if self.counters["auth_errors"] == 1:  # once: a wrong token is not transient
+                log.warning("otel-guard: the guard refused the stream: %s", exc.details())
+        else:
+            log.debug("otel-guard control stream error: %r", exc)
+
     def _wake(self) -> None:
         loop, ev = self._loop, self._wakeup
         if loop is not None and ev is not None:
             with contextlib.suppress(RuntimeError):  # loop closed
                 loop.call_soon_threadsafe(ev.set)
 
-    def _on_disconnect(self) -> None:
+    def _on_disconnect(self, more: bool = False) -> None:
+        """``more``: another guard is tried right away, so runs waiting for an admission keep
+        waiting (bounded by their own timeout) for the next guard's answer."""
         was = self.connected.is_set()
         self.connected.clear()
+        self.route.down()
         self.first_attempt_done.set()
+        self._failing_over = more
         self._queue = None  # what it still held: unacked RunEnded go again after the Hello
         self._call = None
         if was:
             self.counters["disconnects"] += 1
             log.info("otel-guard: control stream lost; runs continue under local limits")
+        if more:
+            return
         with self._lock:
             pending = list(self._admissions)
         for rid in pending:  # fail-open: waiting runs proceed at once
             self._resolve(rid, None)
 
-    def _channel(self) -> grpc.aio.Channel:
-        target = self.settings.target
-        assert target is not None
+    def _channel(self, addr: Address) -> grpc.aio.Channel:
         opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+        opts += addr.channel_options()
         if self.settings.secure:
             creds = channel_credentials(self.settings)  # read now: rotated files take effect
-            return grpc.aio.secure_channel(target, creds, options=opts)
-        return grpc.aio.insecure_channel(target, options=opts)
+            return grpc.aio.secure_channel(addr.target, creds, options=opts)
+        return grpc.aio.insecure_channel(addr.target, options=opts)
 
-    async def _session(self) -> bool:
-        channel = self._channel()
+    async def _session(self, addr: Address) -> bool:
+        self.route.trying(addr)
+        channel = self._channel(addr)
         established = False
         try:
             metadata = (
@@ -278,6 +318,7 @@ class ControlClient:
             self._call = call
             q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             self._queue = q  # from here on new messages queue for this stream
+            await _connect(channel, _CONNECT_TIMEOUT_S)
             with self._lock:
                 live = list(self._runs.values())
                 rid_of = {r: rid for rid, (_, r) in self._admissions.items()}
@@ -379,6 +420,8 @@ class ControlClient:
             if w.HasField("policy"):
                 self._apply_policy(w.policy)
             self.counters["welcomes"] += 1
+            self._failing_over = False
+            self.route.up()
             self.connected.set()
             self.first_attempt_done.set()
             return
@@ -426,6 +469,25 @@ class ControlClient:
             return
         has_defaults = policy.HasField("run_defaults")
         self.rt.set_policy(defaults if has_defaults else None, book)
+
+
+async def _connect(channel: grpc.aio.Channel, timeout_s: float) -> None:
+    """Wait for the channel to connect: a refused connect (a dead guard) fails at once, one
+    that stays silent (a hung guard, a black-holed address) after ``timeout_s``. grpc's own
+    ``channel_ready()`` would wait through its reconnect backoff instead."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    ready, failed = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE
+    state = channel.get_state(try_to_connect=True)
+    while state is not ready:
+        if state in (failed, grpc.ChannelConnectivity.SHUTDOWN):
+            raise ConnectionError(f"cannot connect ({state.name})")
+        left = deadline - loop.time()
+        if left <= 0:
+            raise ConnectionError(f"no connection within {timeout_s:g} s ({state.name})")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+        state = channel.get_state(try_to_connect=True)
 
 
 def _reason(value: str) -> Reason:

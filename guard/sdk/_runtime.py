@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits, PriceBook
 from guard.sdk._config import Settings, get_settings
+from guard.sdk._targets import Route
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
@@ -56,6 +57,7 @@ class Runtime:
         self.processor: LowLatencySpanProcessor | None = None
         self.redactor: RedactingSpanExporter | None = None
         self.control: ControlClient | None = None
+        self.route = Route()  # the guard the control stream holds; the span export follows it
         if settings.span_target is not None:
             self._attach_exporter(settings)
         if settings.endpoint is not None:
@@ -96,12 +98,7 @@ class Runtime:
 
         assert settings.span_target is not None
         try:
-            exporter = make_otlp_exporter(
-                settings.span_target,
-                token=settings.token,
-                credentials=channel_credentials(settings) if settings.span_secure else None,
-                timeout_s=settings.export_timeout_s,
-            )
+            exporter = self._span_exporter(settings, make_otlp_exporter, channel_credentials)
             # No content leaves the process on the way to the guard, whoever put it on a
             # span; the application's own processors on this provider see the spans as is.
             self.redactor = RedactingSpanExporter(exporter)
@@ -115,6 +112,35 @@ class Runtime:
             self.provider.add_span_processor(self.processor)
         except Exception:
             log.exception("otel-guard: could not attach the span exporter; spans stay local")
+
+    def _span_exporter(self, settings: Settings, make: Any, credentials: Any) -> Any:
+        """One OTLP exporter for one ``span_endpoint``; else a failover export that follows
+        the control stream from guard to guard (no ``span_endpoint``) or rotates over the
+        ``span_endpoint`` entries."""
+        from guard.sdk._failover_export import FailoverSpanExporter
+        from guard.sdk._targets import Address
+
+        creds = credentials(settings) if settings.span_secure else None
+        follow = settings.spans_follow_control
+
+        def build(addr: Address) -> Any:
+            return make(
+                addr.target,
+                token=settings.token,
+                credentials=creds,
+                timeout_s=settings.export_timeout_s,
+                channel_options=addr.channel_options(),
+                retry_unavailable=not follow,
+            )
+
+        addrs = [Address(t, t, t) for t in settings.span_targets]
+        if follow:
+            return FailoverSpanExporter(
+                build, route=self.route, targets=addrs[:1], wait_s=settings.export_timeout_s
+            )
+        if len(addrs) == 1:
+            return build(addrs[0])
+        return FailoverSpanExporter(build, targets=addrs, wait_s=settings.export_timeout_s)
 
     def _attach_control(self, settings: Settings) -> None:
         from guard.sdk._control import ControlClient
