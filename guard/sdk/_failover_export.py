@@ -76,6 +76,11 @@ class FailoverSpanExporter(SpanExporter):
             _quiet_shutdown(old)
         return exp
 
+    def targets(self) -> list[str]:
+        """The addresses exported to so far (the most recently used last)."""
+        with self._lock:
+            return list(self._exporters)
+
     def _send(self, addr: Address, batch: Sequence[Any]) -> SpanExportResult:
         try:
             return self._exporter(addr).export(batch)

@@ -56,6 +56,7 @@ class Runtime:
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
         self.processor: LowLatencySpanProcessor | None = None
         self.redactor: RedactingSpanExporter | None = None
+        self.span_exporter: Any = None  # the OTLP exporter, or the failover export over several
         self.control: ControlClient | None = None
         self.route = Route()  # the guard the control stream holds; the span export follows it
         if settings.span_target is not None:
@@ -101,6 +102,7 @@ class Runtime:
             exporter = self._span_exporter(settings, make_otlp_exporter, channel_credentials)
             # No content leaves the process on the way to the guard, whoever put it on a
             # span; the application's own processors on this provider see the spans as is.
+            self.span_exporter = exporter
             self.redactor = RedactingSpanExporter(exporter)
             self.processor = LowLatencySpanProcessor(
                 self.redactor,
@@ -286,6 +288,9 @@ def stats() -> dict[str, int]:
         )
     if rt.redactor is not None:
         out.update(rt.redactor.counters())
+    failovers = getattr(rt.span_exporter, "failovers", None)
+    if failovers is not None:
+        out["spans_failovers"] = failovers
     if rt.control is not None:
         out.update({f"control_{k}": v for k, v in rt.control.counters.items()})
         out["control_connected"] = int(rt.control.connected.is_set())
