@@ -166,7 +166,7 @@ def test_a_stopped_guard_hands_its_live_runs_to_the_next_with_their_counters() -
 def test_a_run_started_while_one_guard_is_down_goes_to_the_live_one() -> None:
     with guard_in_thread({"runs": {"max_steps": 3}}) as live:
         ports = [_dead_port(), live["port"], _dead_port()]
-        for attempt in range(3):  # the order is random per process: vary it across configures
+        for _ in range(3):  # the order is random per client: vary it across configures
             with capture_spans(**_settings(ports)):
 
                 @guard.run(agent="bot", max_steps=10)  # the live guard's policy tightens it to 3
@@ -181,7 +181,7 @@ def test_a_run_started_while_one_guard_is_down_goes_to_the_live_one() -> None:
                 run_id = info.value.outcome.run_id
                 guard.shutdown()
                 assert stats().get("control_records_unacknowledged", 0) == 0
-            _poll(lambda: any(r.run_id == run_id for r in live["sink"].runs), "the record")
+            _poll(lambda rid=run_id: any(r.run_id == rid for r in live["sink"].runs), "the record")
 
 
 def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
