@@ -31,14 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from guard.policy import Budget, DecidedBy, Reason
+from guard.policy import Budget
 from guard.sdk._allowance_desk import AllowanceDesk
-from guard.sdk._export import channel_credentials
+from guard.sdk._channel import open_channel, wait_connected
+from guard.sdk._control_inbox import handle
 from guard.sdk._records import PendingRecords
 from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
-from guard.wire import limits_from_pb, limits_to_pb, outcome_to_pb, policy_from_pb, usage_to_pb
+from guard.wire import limits_to_pb, outcome_to_pb, usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -50,9 +51,7 @@ __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
-# A guard that accepts TCP but never answers (a hung process, a black-holed address) must not
-# hold the failover: the session gives up on it after this long without a channel.
-_CONNECT_TIMEOUT_S = 1.0
+_CONNECT_TIMEOUT_S = 1.0  # a guard that accepts TCP but never answers does not hold failover
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
@@ -298,17 +297,9 @@ class ControlClient:
         for rid in pending:  # fail-open: waiting runs proceed at once
             self._resolve(rid, None)
 
-    def _channel(self, addr: Address) -> grpc.aio.Channel:
-        opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
-        opts += addr.channel_options()
-        if self.settings.secure:
-            creds = channel_credentials(self.settings)  # read now: rotated files take effect
-            return grpc.aio.secure_channel(addr.target, creds, options=opts)
-        return grpc.aio.insecure_channel(addr.target, options=opts)
-
     async def _session(self, addr: Address) -> bool:
         self.route.trying(addr)
-        channel = self._channel(addr)
+        channel = open_channel(self.settings, addr)
         established = False
         try:
             metadata = (
@@ -318,7 +309,7 @@ class ControlClient:
             self._call = call
             q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             self._queue = q  # from here on new messages queue for this stream
-            await _connect(channel, _CONNECT_TIMEOUT_S)
+            await wait_connected(channel, _CONNECT_TIMEOUT_S)
             with self._lock:
                 live = list(self._runs.values())
                 rid_of = {r: rid for rid, (_, r) in self._admissions.items()}
@@ -387,7 +378,7 @@ class ControlClient:
     async def _read(self, call: Any) -> None:
         async for msg in call:
             try:
-                self._handle(msg)
+                handle(self, msg)
             except Exception:
                 self.counters["errors"] += 1
                 log.exception("otel-guard: handling a guard message failed")
@@ -407,94 +398,6 @@ class ControlClient:
         q.put_nowait(_HALF_CLOSE)  # type: ignore[arg-type]  # after everything queued (FIFO)
         # The bound: a guard that never ends the stream does not hold the process.
         asyncio.get_running_loop().call_later(drain_s, main.cancel)
-
-    # -- guard -> agent -----------------------------------------------------------------------
-    def _handle(self, msg: pb.GuardMessage) -> None:
-        kind = msg.WhichOneof("body")
-        self.counters[kind or "unknown"] += 1
-        if kind == "welcome":
-            w = msg.welcome
-            self.guard_id = w.guard_id
-            if w.heartbeat_interval_ms:
-                self.heartbeat_s = w.heartbeat_interval_ms / 1000.0
-            if w.HasField("policy"):
-                self._apply_policy(w.policy)
-            self.counters["welcomes"] += 1
-            self._failing_over = False
-            self.route.up()
-            self.connected.set()
-            self.first_attempt_done.set()
-            return
-        if kind == "policy":
-            self._apply_policy(msg.policy)
-            return
-        if kind == "record_ack":  # durable on the guard: stop resending it (never acked back)
-            self.unacked.ack(msg.record_ack.run_id)
-            return
-        if kind == "allowance":  # not acked: ceilings are cumulative, a repeat is harmless
-            self.allowances.on_allowance(msg.allowance)
-            return
-        body = getattr(msg, kind) if kind else None
-        run_id = getattr(body, "run_id", "")
-        with self._lock:
-            run = self._runs.get(run_id)
-        applied = run is not None and run.live
-        if kind == "admit":
-            if applied:
-                run.adopt_limits(limits_from_pb(msg.admit.effective))
-                if msg.admit.price_book_version:
-                    run.price_book_version = msg.admit.price_book_version
-            self._resolve(msg.admit.request_id, "admit")
-        elif kind in ("deny", "cancel"):
-            d = getattr(msg, kind)
-            reason = _reason(d.reason)
-            by = DecidedBy.OPERATOR if reason is Reason.OPERATOR_CANCEL else DecidedBy.GUARD
-            if applied:
-                applied = run.interrupt(reason, d.detail, by, cancel=True)
-            if kind == "deny":
-                self._resolve(d.request_id, "deny")
-        elif kind in ("warn", "wrap_up") and applied:
-            d = getattr(msg, kind)
-            run.directive(kind, d.reason, d.detail, "guard")
-        if run_id:
-            ack = pb.Ack(command_id=msg.command_id, run_id=run_id, applied=bool(applied))
-            self._enqueue(pb.AgentMessage(ack=ack))  # already on the loop thread
-            self.counters["acks"] += 1
-
-    def _apply_policy(self, policy: pb.Policy) -> None:
-        try:
-            _, defaults, book = policy_from_pb(policy)
-        except Exception:
-            log.warning("otel-guard: ignoring an invalid policy from the guard", exc_info=True)
-            return
-        has_defaults = policy.HasField("run_defaults")
-        self.rt.set_policy(defaults if has_defaults else None, book)
-
-
-async def _connect(channel: grpc.aio.Channel, timeout_s: float) -> None:
-    """Wait for the channel to connect: a refused connect (a dead guard) fails at once, one
-    that stays silent (a hung guard, a black-holed address) after ``timeout_s``. grpc's own
-    ``channel_ready()`` would wait through its reconnect backoff instead."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    ready, failed = grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE
-    state = channel.get_state(try_to_connect=True)
-    while state is not ready:
-        if state in (failed, grpc.ChannelConnectivity.SHUTDOWN):
-            raise ConnectionError(f"cannot connect ({state.name})")
-        left = deadline - loop.time()
-        if left <= 0:
-            raise ConnectionError(f"no connection within {timeout_s:g} s ({state.name})")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(channel.wait_for_state_change(state), left)
-        state = channel.get_state(try_to_connect=True)
-
-
-def _reason(value: str) -> Reason:
-    try:
-        return Reason(value)
-    except ValueError:
-        return Reason.OPERATOR_CANCEL
 
 
 def _version() -> str:

@@ -271,10 +271,12 @@ def reset_runtime(old: Settings | None = None) -> None:
         rt.close()
 
 
-def stats() -> dict[str, int]:
+def stats(runtime: Runtime | None = None) -> dict[str, int]:
     """Counters of the guard connection: spans exported / failed / dropped, content removed
-    from them on the way to the guard (spans, attributes, events), stream events."""
-    rt = _runtime
+    from them on the way to the guard (spans, attributes, events), stream events. Of the
+    current runtime, or of ``runtime`` (e.g. one already closed by ``guard.shutdown()``, whose
+    ``control_records_unacknowledged`` is only known once it closed)."""
+    rt = runtime or _runtime
     out: dict[str, int] = {}
     if rt is None:
         return out
