@@ -202,3 +202,34 @@ def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
         # within a cycle the next guard is tried at once; between cycles it backs off
         assert control.counters["failovers"] >= control.counters["reconnects"] - 1
         assert control.counters["errors"] <= 2 * (control.counters["reconnects"] + 1)
+
+
+def test_a_guard_that_accepts_but_never_answers_is_skipped_for_the_next() -> None:
+    """A hung guard (the kernel completes the TCP handshake, nobody speaks HTTP/2) would hold
+    a connect for grpc's 20 s connect timeout; the SDK gives up on it and tries the next."""
+    import asyncio
+
+    with socket.socket() as silent, guard_in_thread({"runs": {"max_steps": 3}}) as live:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # never accepted: connects complete, nothing is ever answered
+        ports = [silent.getsockname()[1], live["port"]]
+        for _ in range(30):  # the order is random per client: take one that tries it first
+            guard.configure(**_settings(ports, admit_timeout_ms=5000))
+            ring = get_runtime().control.ring
+            order = asyncio.run(ring.resolve())
+            if order[0].target == f"127.0.0.1:{ports[0]}":
+                break
+        else:
+            pytest.fail("the silent guard never came first in 30 random orders")
+
+        @guard.run(agent="bot", max_steps=10)  # the live guard tightens it to 3
+        def loop() -> None:
+            while True:
+                with guard.step():
+                    pass
+
+        with pytest.raises(guard.RunStopped) as info:
+            loop()
+        assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
+        assert get_runtime().control.counters["failovers"] >= 1
+        guard.shutdown()
