@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -163,40 +164,44 @@ def test_a_stopped_guard_hands_its_live_runs_to_the_next_with_their_counters() -
         stack.pop_all()
 
 
+def _configure_trying_first(ports: list[int], first: int, **kw: Any) -> None:
+    """Configure until this client's random order tries ``first`` first."""
+    for _ in range(40):
+        guard.configure(**_settings(ports, **kw))
+        order = asyncio.run(get_runtime().control.ring.resolve())
+        if order[0].target == f"127.0.0.1:{first}":
+            return
+    pytest.fail(f"port {first} never came first in 40 random orders")
+
+
+def _steps_until_stopped(max_steps: int) -> Any:
+    @guard.run(agent="bot", max_steps=max_steps)
+    def loop() -> None:
+        while True:
+            with guard.step():
+                pass
+
+    with pytest.raises(guard.RunStopped) as info:
+        loop()
+    return info.value.outcome
+
+
 def test_a_run_started_while_one_guard_is_down_goes_to_the_live_one() -> None:
     with guard_in_thread({"runs": {"max_steps": 3}}) as live:
         ports = [_dead_port(), live["port"], _dead_port()]
-        for _ in range(3):  # the order is random per client: vary it across configures
-            with capture_spans(**_settings(ports)):
-
-                @guard.run(agent="bot", max_steps=10)  # the live guard's policy tightens it to 3
-                def loop() -> None:
-                    while True:
-                        with guard.step():
-                            pass
-
-                with pytest.raises(guard.RunStopped) as info:
-                    loop()
-                assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
-                run_id = info.value.outcome.run_id
-                guard.shutdown()
-                assert stats().get("control_records_unacknowledged", 0) == 0
-            _poll(lambda rid=run_id: any(r.run_id == rid for r in live["sink"].runs), "the record")
+        _configure_trying_first(ports, ports[0])
+        o = _steps_until_stopped(10)  # the live guard's policy tightens it to 3
+        assert (o.reason, o.steps) == ("max_steps", 3)
+        assert get_runtime().control.counters["failovers"] >= 1
+        guard.shutdown()
+        _poll(lambda: any(r.run_id == o.run_id for r in live["sink"].runs), "the record")
 
 
 def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
     ports = [_dead_port(), _dead_port()]
     with capture_spans(**_settings(ports, admit_timeout_ms=100, reconnect_min_s=0.2)):
-
-        @guard.run(agent="bot", max_steps=2)
-        def loop() -> None:
-            while True:
-                with guard.step():
-                    pass
-
-        with pytest.raises(guard.RunStopped) as info:
-            loop()
-        assert info.value.outcome.reason == "max_steps"  # local limits, no guard
+        o = _steps_until_stopped(2)
+        assert o.reason == "max_steps"  # local limits, no guard
         control = get_runtime().control
         _poll(lambda: control.counters["reconnects"] >= 2, "two full cycles")
         # within a cycle the next guard is tried at once; between cycles it backs off
@@ -207,29 +212,12 @@ def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
 def test_a_guard_that_accepts_but_never_answers_is_skipped_for_the_next() -> None:
     """A hung guard (the kernel completes the TCP handshake, nobody speaks HTTP/2) would hold
     a connect for grpc's 20 s connect timeout; the SDK gives up on it and tries the next."""
-    import asyncio
-
     with socket.socket() as silent, guard_in_thread({"runs": {"max_steps": 3}}) as live:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)  # never accepted: connects complete, nothing is ever answered
         ports = [silent.getsockname()[1], live["port"]]
-        for _ in range(30):  # the order is random per client: take one that tries it first
-            guard.configure(**_settings(ports, admit_timeout_ms=5000))
-            ring = get_runtime().control.ring
-            order = asyncio.run(ring.resolve())
-            if order[0].target == f"127.0.0.1:{ports[0]}":
-                break
-        else:
-            pytest.fail("the silent guard never came first in 30 random orders")
-
-        @guard.run(agent="bot", max_steps=10)  # the live guard tightens it to 3
-        def loop() -> None:
-            while True:
-                with guard.step():
-                    pass
-
-        with pytest.raises(guard.RunStopped) as info:
-            loop()
-        assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
+        _configure_trying_first(ports, ports[0], admit_timeout_ms=5000)
+        o = _steps_until_stopped(10)  # the live guard tightens it to 3
+        assert (o.reason, o.steps) == ("max_steps", 3)
         assert get_runtime().control.counters["failovers"] >= 1
         guard.shutdown()
