@@ -11,7 +11,8 @@ Two modes, chosen by the settings:
   ``span_seq``). The per-target OTLP exporters do not retry ``UNAVAILABLE`` themselves: a
   dead guard fails the batch at once and the failover decides where it goes.
 - **rotating** (``span_endpoint`` lists several): start at a per-process random entry; a
-  failed export moves to the next entry and is sent there once.
+  failed export moves to the next entry and is sent there once (here too without the OTLP
+  exporter's own ``UNAVAILABLE`` retry).
 
 One real OTLP exporter per address, built when first used. Export errors are counted by the
 caller (``LowLatencySpanProcessor``), never raised into the agent.

@@ -124,6 +124,8 @@ class Runtime:
 
         creds = credentials(settings) if settings.span_secure else None
         follow = settings.spans_follow_control
+        # several places: an unreachable one fails the batch at once and the next one gets it
+        retry_unavailable = not follow and len(settings.span_targets) == 1
 
         def build(addr: Address) -> Any:
             return make(
@@ -132,7 +134,7 @@ class Runtime:
                 credentials=creds,
                 timeout_s=settings.export_timeout_s,
                 channel_options=addr.channel_options(),
-                retry_unavailable=not follow,
+                retry_unavailable=retry_unavailable,
             )
 
         addrs = [Address(t, t, t) for t in settings.span_targets]

@@ -221,3 +221,28 @@ def test_a_guard_that_accepts_but_never_answers_is_skipped_for_the_next() -> Non
         assert (o.reason, o.steps) == ("max_steps", 3)
         assert get_runtime().control.counters["failovers"] >= 1
         guard.shutdown()
+
+
+def test_names_resolve_to_every_address_once_in_a_stable_per_process_order() -> None:
+    """What can be tested of DNS on loopback: ``localhost`` is resolved by the SDK (to each of
+    its addresses; 127.0.0.1, and ::1 where the resolver lists it), an address reached through
+    two entries is tried once, the order is one per process and a cycle goes on after the
+    address used last. Untested here: a name with several A records of different hosts."""
+    from guard.sdk._targets import TargetRing
+
+    seed = b"0123456789abcdef"
+    ring = TargetRing("localhost:4317,127.0.0.1:4317,127.0.0.2:4317", seed=seed)
+    order = asyncio.run(ring.resolve())
+    targets = [a.target for a in order]
+    assert len(targets) == len(set(targets)) and "127.0.0.1:4317" in targets
+    assert "127.0.0.2:4317" in targets
+    local = [a for a in order if a.host == "localhost"]
+    assert local and all(a.resolved and a.entry == "localhost:4317" for a in local)
+    assert ("grpc.ssl_target_name_override", "localhost") in local[0].channel_options()
+    assert [a.target for a in asyncio.run(ring.resolve())] == targets  # stable
+    again = TargetRing("127.0.0.2:4317,localhost:4317,127.0.0.1:4317", seed=seed)
+    assert sorted(a.target for a in asyncio.run(again.resolve())) == sorted(targets)
+    nxt = [a.target for a in asyncio.run(ring.resolve(after=targets[0]))]
+    assert nxt == targets[1:] + targets[:1]
+    unknown = asyncio.run(TargetRing("no-such-guard.invalid:4317").resolve())
+    assert [(a.target, a.resolved) for a in unknown] == [("no-such-guard.invalid:4317", False)]
