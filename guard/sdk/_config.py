@@ -69,8 +69,10 @@ class Settings:
       tracer_provider: an explicit OpenTelemetry SDK TracerProvider; default: the global one
         when it is an SDK provider, else a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
-      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream
-        (the cap is 1 s so a restarted guard sees its agents back within about a second).
+      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream,
+        applied once every guard of ``endpoint`` failed in one cycle (the next guard of a
+        cycle is tried at once); the cap is 1 s so a restarted guard sees its agents back
+        within about a second.
       shutdown_ack_timeout_s: how long ``guard.shutdown()`` (and interpreter exit) waits for
         the guard to acknowledge every termination record, reconnecting and resending
         meanwhile; the run ids still unacknowledged then are named in one warning line.
