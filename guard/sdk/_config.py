@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from guard.errors import ConfigError
+from guard.sdk._targets import parse_endpoints, strip_scheme
 
 __all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "configure", "get_settings", "reset"]
 
@@ -40,8 +41,12 @@ class Settings:
     """Process-wide SDK settings. ``endpoint=None`` is local-only mode (limits still enforced).
 
     Fields:
-      endpoint: guard address ``host:port`` (``http://`` / ``https://`` prefixes accepted;
-        ``https``, ``tls=True`` or any ``tls_*_file`` selects TLS).
+      endpoint: guard address ``host:port``, or several, comma-separated
+        (``"g1:4317,g2:4317"``; a list works too); a name may have several addresses. The
+        control stream fails over between them (``_targets``), re-registering its live runs
+        with their counters on the guard it reaches. ``http://`` / ``https://`` prefixes are
+        accepted (one kind for all entries); ``https``, ``tls=True`` or any ``tls_*_file``
+        selects TLS, the same for every guard.
       tls_ca_file: PEM bundle of the CA(s) that verify the guard's certificate, for a guard
         with a private CA (default: the system roots).
       tls_cert_file / tls_key_file: PEM client certificate and key, for a guard that requires
@@ -64,8 +69,10 @@ class Settings:
       tracer_provider: an explicit OpenTelemetry SDK TracerProvider; default: the global one
         when it is an SDK provider, else a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
-      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream
-        (the cap is 1 s so a restarted guard sees its agents back within about a second).
+      reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream,
+        applied once every guard of ``endpoint`` failed in one cycle (the next guard of a
+        cycle is tried at once); the cap is 1 s so a restarted guard sees its agents back
+        within about a second.
       shutdown_ack_timeout_s: how long ``guard.shutdown()`` (and interpreter exit) waits for
         the guard to acknowledge every termination record, reconnecting and resending
         meanwhile; the run ids still unacknowledged then are named in one warning line.
@@ -76,10 +83,13 @@ class Settings:
         guarded runs' spans to the guard; the SDK exports nothing itself, so nothing is sent
         twice, and the control stream still goes straight to ``endpoint``.
       span_endpoint: ``host:port`` for the direct span export when it is not the guard
-        itself, e.g. a local collector that load-balances by trace ID to guard replicas
-        (default: ``endpoint``). TLS as for ``endpoint`` (``https://`` or ``tls=True``); the
-        bearer token goes with the spans too (a collector can forward it). Given without an
-        ``endpoint``, spans are exported and runs stay under local control only.
+        itself, e.g. a local collector that load-balances by trace ID to guard replicas.
+        Several, comma-separated: the export starts at a per-process random one and moves
+        to the next when an export fails. Unset (default), the spans go to the guard that
+        holds the control stream and move with it when it fails over. TLS as for
+        ``endpoint`` (``https://`` or ``tls=True``); the bearer token goes with the spans too
+        (a collector can forward it). Given without an ``endpoint``, spans are exported and
+        runs stay under local control only.
     """
 
     endpoint: str | None = None
@@ -112,9 +122,14 @@ class Settings:
         return self.endpoint is None
 
     @property
+    def targets(self) -> tuple[str, ...]:
+        """Every guard of ``endpoint`` without a URL scheme, as grpc wants them."""
+        return _targets(self.endpoint)
+
+    @property
     def target(self) -> str | None:
-        """The endpoint without a URL scheme, as grpc wants it."""
-        return _target(self.endpoint)
+        """The first guard of ``endpoint`` without a URL scheme."""
+        return next(iter(self.targets), None)
 
     @property
     def tls_files(self) -> bool:
@@ -127,14 +142,24 @@ class Settings:
             self.tls
             or self.tls_files
             or bool(self.endpoint and self.endpoint.startswith("https://"))
-        )
+        )  # parse_endpoints: every entry has the first one's scheme, or none
+
+    @property
+    def span_targets(self) -> tuple[str, ...]:
+        """Where the SDK's own span export goes (empty: no span export of its own)."""
+        if self.span_export != "direct":
+            return ()
+        return _targets(self.span_endpoint or self.endpoint)
 
     @property
     def span_target(self) -> str | None:
-        """Where the SDK's own span export goes (``None``: no span export of its own)."""
-        if self.span_export != "direct":
-            return None
-        return _target(self.span_endpoint or self.endpoint)
+        """The first of :attr:`span_targets` (``None``: no span export of its own)."""
+        return next(iter(self.span_targets), None)
+
+    @property
+    def spans_follow_control(self) -> bool:
+        """Spans go to whichever guard holds the control stream (no ``span_endpoint``)."""
+        return self.span_endpoint is None and self.endpoint is not None
 
     @property
     def span_secure(self) -> bool:
@@ -142,27 +167,10 @@ class Settings:
         return self.tls or self.tls_files or bool(ep and ep.startswith("https://"))
 
 
-def _target(endpoint: str | None) -> str | None:
+def _targets(endpoint: str | None) -> tuple[str, ...]:
     if endpoint is None:
-        return None
-    ep = endpoint
-    for scheme in ("http://", "https://", "grpc://"):
-        if ep.startswith(scheme):
-            ep = ep[len(scheme) :]
-    return ep.rstrip("/")
-
-
-def _endpoint(path: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(f"expected host:port, got {value!r}", path=path)
-    ep = value.strip()
-    if not ep:
-        return None
-    if ":" not in ep.split("//")[-1]:
-        raise ConfigError(f"expected host:port, got {ep!r}", path=path)
-    return ep
+        return ()
+    return tuple(strip_scheme(e) for e in endpoint.split(","))
 
 
 _NAMES = {f.name for f in fields(Settings)}
@@ -196,9 +204,8 @@ def _pem_file(path: str, value: Any) -> str | None:
 
 def _validate(s: Settings) -> Settings:
     kw: dict[str, Any] = {}
-    if s.endpoint is not None:
-        kw["endpoint"] = _endpoint("endpoint", str(s.endpoint))
-    kw["span_endpoint"] = _endpoint("span_endpoint", s.span_endpoint)
+    kw["endpoint"] = parse_endpoints("endpoint", s.endpoint)
+    kw["span_endpoint"] = parse_endpoints("span_endpoint", s.span_endpoint)
     mode = s.span_export.strip().lower() if isinstance(s.span_export, str) else s.span_export
     if mode not in SPAN_EXPORT_MODES:
         raise ConfigError(

@@ -4,8 +4,11 @@ The client runs its own asyncio loop on a daemon thread, so it never blocks the 
 thread or event loop; agent threads only hand it messages with ``call_soon_threadsafe``.
 Protocol (CONTRACTS "Control stream protocol"): Hello first (with the live runs after a
 reconnect) -> Welcome; RunStarted -> Admit / Deny; warn / wrap_up / cancel directives at any
-time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. The stream
-reconnects with jittered exponential backoff. Every RunEnded is kept until the guard's
+time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. With several
+guards (``endpoint="g1:4317,g2:4317"`` or a name with several addresses, ``_targets``) a failed
+connect or a dropped stream moves on to the next guard at once, and the jittered exponential
+backoff applies per full cycle over them; the Hello re-registers the live runs with their
+counters on whichever guard the stream reaches. Every RunEnded is kept until the guard's
 RecordAck and sent again after each reconnect (``_records.PendingRecords``); shutdown waits,
 bounded by ``Settings.shutdown_ack_timeout_s``, for the acknowledgements. Nothing here raises
 into user code.
@@ -28,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from guard.policy import Budget, DecidedBy, Reason
+from guard.policy import Budget
 from guard.sdk._allowance_desk import AllowanceDesk
-from guard.sdk._export import channel_credentials
+from guard.sdk._channel import open_channel, wait_connected
+from guard.sdk._control_inbox import handle
 from guard.sdk._records import PendingRecords
+from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
-from guard.wire import limits_from_pb, limits_to_pb, outcome_to_pb, policy_from_pb, usage_to_pb
+from guard.wire import limits_to_pb, outcome_to_pb, usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -46,6 +51,7 @@ __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
+_CONNECT_TIMEOUT_S = 1.0  # a guard that accepts TCP but never answers does not hold failover
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
@@ -74,6 +80,9 @@ class ControlClient:
         self._stopping = False
         self._wakeup: asyncio.Event | None = None
         self._call: Any = None
+        self.ring = TargetRing(settings.endpoint or "")
+        self.route: Route = getattr(rt, "route", None) or Route()  # the span export follows it
+        self._failing_over = False  # a stream dropped and the cycle has guards left to try
         self._thread = threading.Thread(
             target=self._thread_main, name="otel-guard-control", daemon=True
         )
@@ -94,7 +103,12 @@ class ControlClient:
             self._admissions[rid] = (fut, run.run_id)
         run._request_id = rid  # type: ignore[attr-defined]
         self._send(pb.AgentMessage(run_started=self._run_started(run, rid)))
-        if self.connected.is_set() or not self.first_attempt_done.is_set() or wait:
+        if (
+            self.connected.is_set()
+            or not self.first_attempt_done.is_set()
+            or self._failing_over  # the next guard's Hello carries it: wait for its answer
+            or wait
+        ):
             return fut
         self._resolve(rid, None)
         return None
@@ -206,31 +220,40 @@ class ControlClient:
                 self._loop = None
 
     async def _run_forever(self) -> None:
+        """Connect, hold the stream, and when it ends try the next guard: immediately after a
+        failed connect while this cycle has guards left, after a short jitter when an
+        established stream dropped, and with jittered exponential backoff once every guard of
+        the cycle failed (never a hot loop)."""
         backoff = self.settings.reconnect_min_s
+        cycle: list[Address] = []
+        last: str | None = None
         while not self._stopping:
+            if not cycle:  # a new cycle: resolve the names again, go on after the last one
+                cycle = await self.ring.resolve(after=last)
+            addr = cycle.pop(0)
+            last = addr.target
             established = False
             try:
-                established = await self._session()
+                established = await self._session(addr)
             except asyncio.CancelledError:
                 if self._stopping:
                     return
             except Exception as exc:
-                self.counters["errors"] += 1
-                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                    self.counters["auth_errors"] += 1
-                    if self.counters["auth_errors"] == 1:  # once: a wrong token is not transient
-                        log.warning("otel-guard: the guard refused the stream: %s", exc.details())
-                else:
-                    log.debug("otel-guard control stream error: %r", exc)
+                self._count_error(exc)
             finally:
-                self._on_disconnect()
+                self._on_disconnect(more=bool(cycle) or established)
             if self._stopping:
                 return
             if established:
                 backoff = self.settings.reconnect_min_s
-            delay = backoff * random.uniform(0.5, 1.0)  # full jitter keeps a fleet from herding
-            backoff = min(backoff * 2, self.settings.reconnect_max_s)
+                cycle = []  # the next cycle starts at the guard after this one
+                delay = backoff * random.uniform(0.5, 1.0)  # full jitter: no herd
+            elif cycle:
+                self.counters["failovers"] += 1
+                continue  # the next guard of this cycle, now
+            else:
+                delay = backoff * random.uniform(0.5, 1.0)
+                backoff = min(backoff * 2, self.settings.reconnect_max_s)
             if self._draining:  # shutdown is waiting for acks: keep trying, briefly
                 delay = min(delay, _DRAIN_RECONNECT_S)
             self.counters["reconnects"] += 1
@@ -238,37 +261,45 @@ class ControlClient:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), delay)
 
+    def _count_error(self, exc: Exception) -> None:
+        self.counters["errors"] += 1
+        code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            self.counters["auth_errors"] += 1
+            if self.counters["auth_errors"] == 1:  # once: a wrong token is not transient
+                log.warning("otel-guard: the guard refused the stream: %s", exc.details())
+        else:
+            log.debug("otel-guard control stream error: %r", exc)
+
     def _wake(self) -> None:
         loop, ev = self._loop, self._wakeup
         if loop is not None and ev is not None:
             with contextlib.suppress(RuntimeError):  # loop closed
                 loop.call_soon_threadsafe(ev.set)
 
-    def _on_disconnect(self) -> None:
+    def _on_disconnect(self, more: bool = False) -> None:
+        """``more``: another guard is tried right away, so runs waiting for an admission keep
+        waiting (bounded by their own timeout) for the next guard's answer."""
         was = self.connected.is_set()
         self.connected.clear()
+        self.route.down()
         self.first_attempt_done.set()
+        self._failing_over = more
         self._queue = None  # what it still held: unacked RunEnded go again after the Hello
         self._call = None
         if was:
             self.counters["disconnects"] += 1
             log.info("otel-guard: control stream lost; runs continue under local limits")
+        if more:
+            return
         with self._lock:
             pending = list(self._admissions)
         for rid in pending:  # fail-open: waiting runs proceed at once
             self._resolve(rid, None)
 
-    def _channel(self) -> grpc.aio.Channel:
-        target = self.settings.target
-        assert target is not None
-        opts = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
-        if self.settings.secure:
-            creds = channel_credentials(self.settings)  # read now: rotated files take effect
-            return grpc.aio.secure_channel(target, creds, options=opts)
-        return grpc.aio.insecure_channel(target, options=opts)
-
-    async def _session(self) -> bool:
-        channel = self._channel()
+    async def _session(self, addr: Address) -> bool:
+        self.route.trying(addr)
+        channel = open_channel(self.settings, addr)
         established = False
         try:
             metadata = (
@@ -278,6 +309,7 @@ class ControlClient:
             self._call = call
             q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             self._queue = q  # from here on new messages queue for this stream
+            await wait_connected(channel, _CONNECT_TIMEOUT_S)
             with self._lock:
                 live = list(self._runs.values())
                 rid_of = {r: rid for rid, (_, r) in self._admissions.items()}
@@ -346,7 +378,7 @@ class ControlClient:
     async def _read(self, call: Any) -> None:
         async for msg in call:
             try:
-                self._handle(msg)
+                handle(self, msg)
             except Exception:
                 self.counters["errors"] += 1
                 log.exception("otel-guard: handling a guard message failed")
@@ -366,73 +398,6 @@ class ControlClient:
         q.put_nowait(_HALF_CLOSE)  # type: ignore[arg-type]  # after everything queued (FIFO)
         # The bound: a guard that never ends the stream does not hold the process.
         asyncio.get_running_loop().call_later(drain_s, main.cancel)
-
-    # -- guard -> agent -----------------------------------------------------------------------
-    def _handle(self, msg: pb.GuardMessage) -> None:
-        kind = msg.WhichOneof("body")
-        self.counters[kind or "unknown"] += 1
-        if kind == "welcome":
-            w = msg.welcome
-            self.guard_id = w.guard_id
-            if w.heartbeat_interval_ms:
-                self.heartbeat_s = w.heartbeat_interval_ms / 1000.0
-            if w.HasField("policy"):
-                self._apply_policy(w.policy)
-            self.counters["welcomes"] += 1
-            self.connected.set()
-            self.first_attempt_done.set()
-            return
-        if kind == "policy":
-            self._apply_policy(msg.policy)
-            return
-        if kind == "record_ack":  # durable on the guard: stop resending it (never acked back)
-            self.unacked.ack(msg.record_ack.run_id)
-            return
-        if kind == "allowance":  # not acked: ceilings are cumulative, a repeat is harmless
-            self.allowances.on_allowance(msg.allowance)
-            return
-        body = getattr(msg, kind) if kind else None
-        run_id = getattr(body, "run_id", "")
-        with self._lock:
-            run = self._runs.get(run_id)
-        applied = run is not None and run.live
-        if kind == "admit":
-            if applied:
-                run.adopt_limits(limits_from_pb(msg.admit.effective))
-                if msg.admit.price_book_version:
-                    run.price_book_version = msg.admit.price_book_version
-            self._resolve(msg.admit.request_id, "admit")
-        elif kind in ("deny", "cancel"):
-            d = getattr(msg, kind)
-            reason = _reason(d.reason)
-            by = DecidedBy.OPERATOR if reason is Reason.OPERATOR_CANCEL else DecidedBy.GUARD
-            if applied:
-                applied = run.interrupt(reason, d.detail, by, cancel=True)
-            if kind == "deny":
-                self._resolve(d.request_id, "deny")
-        elif kind in ("warn", "wrap_up") and applied:
-            d = getattr(msg, kind)
-            run.directive(kind, d.reason, d.detail, "guard")
-        if run_id:
-            ack = pb.Ack(command_id=msg.command_id, run_id=run_id, applied=bool(applied))
-            self._enqueue(pb.AgentMessage(ack=ack))  # already on the loop thread
-            self.counters["acks"] += 1
-
-    def _apply_policy(self, policy: pb.Policy) -> None:
-        try:
-            _, defaults, book = policy_from_pb(policy)
-        except Exception:
-            log.warning("otel-guard: ignoring an invalid policy from the guard", exc_info=True)
-            return
-        has_defaults = policy.HasField("run_defaults")
-        self.rt.set_policy(defaults if has_defaults else None, book)
-
-
-def _reason(value: str) -> Reason:
-    try:
-        return Reason(value)
-    except ValueError:
-        return Reason.OPERATOR_CANCEL
 
 
 def _version() -> str:

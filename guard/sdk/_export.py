@@ -178,9 +178,13 @@ def make_otlp_exporter(
     token: str | None,
     credentials: grpc.ChannelCredentials | None,
     timeout_s: float,
+    channel_options: Sequence[tuple[str, Any]] = (),
+    retry_unavailable: bool = True,
 ) -> SpanExporter:
     """The real OTLP/gRPC span exporter pointed at the guard (bearer token in metadata);
-    ``credentials=None`` is a plaintext channel."""
+    ``credentials=None`` is a plaintext channel. ``retry_unavailable=False``: an unreachable
+    guard fails the export at once (the failover export then picks the next guard) instead
+    of the exporter retrying it after a 1 s backoff."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     headers = {"authorization": f"Bearer {token}"} if token else None
@@ -190,4 +194,19 @@ def make_otlp_exporter(
         credentials=credentials,
         headers=headers,
         timeout=timeout_s,
+        channel_options=tuple(channel_options) or None,
+        retryable_error_codes=None if retry_unavailable else _RETRY_BUT_UNAVAILABLE,
     )
+
+
+# The OTLP exporter's default retryable codes, less UNAVAILABLE.
+_RETRY_BUT_UNAVAILABLE = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits, PriceBook
 from guard.sdk._config import Settings, get_settings
+from guard.sdk._targets import Route
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
@@ -55,7 +56,9 @@ class Runtime:
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
         self.processor: LowLatencySpanProcessor | None = None
         self.redactor: RedactingSpanExporter | None = None
+        self.span_exporter: Any = None  # the OTLP exporter, or the failover export over several
         self.control: ControlClient | None = None
+        self.route = Route()  # the guard the control stream holds; the span export follows it
         if settings.span_target is not None:
             self._attach_exporter(settings)
         if settings.endpoint is not None:
@@ -96,14 +99,10 @@ class Runtime:
 
         assert settings.span_target is not None
         try:
-            exporter = make_otlp_exporter(
-                settings.span_target,
-                token=settings.token,
-                credentials=channel_credentials(settings) if settings.span_secure else None,
-                timeout_s=settings.export_timeout_s,
-            )
+            exporter = self._span_exporter(settings, make_otlp_exporter, channel_credentials)
             # No content leaves the process on the way to the guard, whoever put it on a
             # span; the application's own processors on this provider see the spans as is.
+            self.span_exporter = exporter
             self.redactor = RedactingSpanExporter(exporter)
             self.processor = LowLatencySpanProcessor(
                 self.redactor,
@@ -115,6 +114,37 @@ class Runtime:
             self.provider.add_span_processor(self.processor)
         except Exception:
             log.exception("otel-guard: could not attach the span exporter; spans stay local")
+
+    def _span_exporter(self, settings: Settings, make: Any, credentials: Any) -> Any:
+        """One OTLP exporter for one ``span_endpoint``; else a failover export that follows
+        the control stream from guard to guard (no ``span_endpoint``) or rotates over the
+        ``span_endpoint`` entries."""
+        from guard.sdk._failover_export import FailoverSpanExporter
+        from guard.sdk._targets import Address
+
+        creds = credentials(settings) if settings.span_secure else None
+        follow = settings.spans_follow_control
+        # several places: an unreachable one fails the batch at once and the next one gets it
+        retry_unavailable = not follow and len(settings.span_targets) == 1
+
+        def build(addr: Address) -> Any:
+            return make(
+                addr.target,
+                token=settings.token,
+                credentials=creds,
+                timeout_s=settings.export_timeout_s,
+                channel_options=addr.channel_options(),
+                retry_unavailable=retry_unavailable,
+            )
+
+        addrs = [Address(t, t, t) for t in settings.span_targets]
+        if follow:
+            return FailoverSpanExporter(
+                build, route=self.route, targets=addrs[:1], wait_s=settings.export_timeout_s
+            )
+        if len(addrs) == 1:
+            return build(addrs[0])
+        return FailoverSpanExporter(build, targets=addrs, wait_s=settings.export_timeout_s)
 
     def _attach_control(self, settings: Settings) -> None:
         from guard.sdk._control import ControlClient
@@ -243,10 +273,12 @@ def reset_runtime(old: Settings | None = None) -> None:
         rt.close()
 
 
-def stats() -> dict[str, int]:
+def stats(runtime: Runtime | None = None) -> dict[str, int]:
     """Counters of the guard connection: spans exported / failed / dropped, content removed
-    from them on the way to the guard (spans, attributes, events), stream events."""
-    rt = _runtime
+    from them on the way to the guard (spans, attributes, events), stream events. Of the
+    current runtime, or of ``runtime`` (e.g. one already closed by ``guard.shutdown()``, whose
+    ``control_records_unacknowledged`` is only known once it closed)."""
+    rt = runtime or _runtime
     out: dict[str, int] = {}
     if rt is None:
         return out
@@ -260,6 +292,9 @@ def stats() -> dict[str, int]:
         )
     if rt.redactor is not None:
         out.update(rt.redactor.counters())
+    failovers = getattr(rt.span_exporter, "failovers", None)
+    if failovers is not None:
+        out["spans_failovers"] = failovers
     if rt.control is not None:
         out.update({f"control_{k}": v for k, v in rt.control.counters.items()})
         out["control_connected"] = int(rt.control.connected.is_set())

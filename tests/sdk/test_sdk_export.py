@@ -261,3 +261,32 @@ def test_shutdown_order_is_clean_with_the_applications_provider(
         assert "run_ended" in [m.WhichOneof("body") for m in fake.received]
     finally:
         fake.stop()
+
+
+def test_a_span_endpoint_list_moves_on_from_a_dead_collector() -> None:
+    """``span_endpoint`` lists a dead collector and a live one: whichever this process starts
+    at, every span reaches the live one and none is given up on."""
+    import socket
+
+    from _sdk_fake_guard import FakeGuard
+
+    fake, collector = FakeGuard(), FakeGuard()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    try:
+        for _ in range(4):  # the starting entry is random per process: try it a few times
+            spans = f"{dead},{collector.endpoint}"
+            with capture_spans(endpoint=fake.endpoint, span_endpoint=spans):
+                _guarded_run()
+                assert guard.flush(10)
+                st = guard.stats()
+                guard.shutdown()
+            assert st["spans_failed"] == 0 and st["spans_exported"] >= 3, st
+        assert {"chat gpt-4.1", "guard.step", "invoke_agent pipeline-bot"} <= set(
+            _span_names(collector.traces.raw)
+        )
+        assert fake.traces.raw == []  # the control guard got none: spans went where asked
+    finally:
+        fake.stop()
+        collector.stop()

@@ -48,7 +48,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
              "-subj", "/CN=otel-guard test CA", cwd=d)  # fmt: skip
     _leaf(d, "guard", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
     _leaf(d, "agent", "extendedKeyUsage=clientAuth\n")
-    return {n: str(d / n) for n in ("ca.pem", "guard.pem", "guard.key", "agent.pem", "agent.key")}
+    _leaf(d, "named", "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")  # no IP
+    names = ("ca.pem", "guard.pem", "guard.key", "agent.pem", "agent.key", "named.pem", "named.key")
+    return {n: str(d / n) for n in names}
 
 
 @pytest.fixture
@@ -156,3 +158,28 @@ def test_tls_settings_from_the_environment(
         guard.configure()
     reset()
     assert os.environ["OTEL_GUARD_TLS_CA_FILE"] == pki["ca.pem"]
+
+
+def test_a_name_the_sdk_resolves_is_still_the_name_tls_verifies(pki: dict[str, str]) -> None:
+    """``endpoint`` lists a dead guard and ``localhost:PORT``; the SDK resolves the name and
+    dials the address, and TLS still checks the certificate (DNS:localhost only, no IP
+    entry) against the configured name, for the control stream and the span export."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    tls = server_mod.TlsFiles(cert=pki["named.pem"], key=pki["named.key"])
+    with guard_in_thread({"runs": {"max_steps": 3}}, tls=tls) as box:
+        with capture_spans(
+            endpoint=f"https://127.0.0.1:{dead},https://localhost:{box['port']}",
+            tls_ca_file=pki["ca.pem"],
+            admit_timeout_ms=3000,
+        ):
+            with pytest.raises(guard.RunStopped) as info:
+                _loop()
+            assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
+            proc = get_runtime().processor
+            assert proc is not None and _until(lambda: proc.exported >= 3), proc.exported
+            guard.shutdown()
+        assert _until(lambda: len(box["sink"].runs) == 1)

@@ -17,6 +17,7 @@ import threading
 import time
 
 import guard
+from guard.sdk import _runtime
 
 MAX_STEPS = 30
 _out = threading.Lock()
@@ -86,9 +87,11 @@ def main() -> int:
         t.start()
     for t in threads:
         t.join()
+    rt = _runtime.get_runtime()
     guard.flush(5.0)
     guard.shutdown()
-    emit(event="done", stats=guard.stats())
+    # the closed runtime's counters: records_unacknowledged is counted by the shutdown itself
+    emit(event="done", stats=_runtime.stats(rt))
     return 0
 
 

@@ -1,0 +1,91 @@
+"""Guard -> agent messages of the control stream (``ControlClient``'s read side)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from guard.policy import DecidedBy, Reason
+from guard.v1 import guard_pb2 as pb
+from guard.wire import limits_from_pb, policy_from_pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._control import ControlClient
+    from guard.sdk._runtime import Runtime
+
+__all__ = ["apply_policy", "handle"]
+
+log = logging.getLogger("guard.sdk.control")
+
+
+def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
+    """One guard message, on the control thread: Welcome, Policy, RecordAck, Allowance, and
+    the per-run Admit / Deny / Cancel / Warn / WrapUp (each of those acked)."""
+    kind = msg.WhichOneof("body")
+    client.counters[kind or "unknown"] += 1
+    if kind == "welcome":
+        w = msg.welcome
+        client.guard_id = w.guard_id
+        if w.heartbeat_interval_ms:
+            client.heartbeat_s = w.heartbeat_interval_ms / 1000.0
+        if w.HasField("policy"):
+            apply_policy(client.rt, w.policy)
+        client.counters["welcomes"] += 1
+        client._failing_over = False
+        client.route.up()
+        client.connected.set()
+        client.first_attempt_done.set()
+        return
+    if kind == "policy":
+        apply_policy(client.rt, msg.policy)
+        return
+    if kind == "record_ack":  # durable on the guard: stop resending it (never acked back)
+        client.unacked.ack(msg.record_ack.run_id)
+        return
+    if kind == "allowance":  # not acked: ceilings are cumulative, a repeat is harmless
+        client.allowances.on_allowance(msg.allowance)
+        return
+    body = getattr(msg, kind) if kind else None
+    run_id = getattr(body, "run_id", "")
+    with client._lock:
+        run = client._runs.get(run_id)
+    applied = run is not None and run.live
+    if kind == "admit":
+        if applied:
+            run.adopt_limits(limits_from_pb(msg.admit.effective))
+            if msg.admit.price_book_version:
+                run.price_book_version = msg.admit.price_book_version
+        client._resolve(msg.admit.request_id, "admit")
+    elif kind in ("deny", "cancel"):
+        d = getattr(msg, kind)
+        reason = _reason(d.reason)
+        by = DecidedBy.OPERATOR if reason is Reason.OPERATOR_CANCEL else DecidedBy.GUARD
+        if applied:
+            applied = run.interrupt(reason, d.detail, by, cancel=True)
+        if kind == "deny":
+            client._resolve(d.request_id, "deny")
+    elif kind in ("warn", "wrap_up") and applied:
+        d = getattr(msg, kind)
+        run.directive(kind, d.reason, d.detail, "guard")
+    if run_id:
+        ack = pb.Ack(command_id=msg.command_id, run_id=run_id, applied=bool(applied))
+        client._enqueue(pb.AgentMessage(ack=ack))  # already on the loop thread
+        client.counters["acks"] += 1
+
+
+def apply_policy(rt: Runtime, policy: pb.Policy) -> None:
+    """Apply a policy the guard pushed (Welcome or Policy) to the runtime."""
+    try:
+        _, defaults, book = policy_from_pb(policy)
+    except Exception:
+        log.warning("otel-guard: ignoring an invalid policy from the guard", exc_info=True)
+        return
+    has_defaults = policy.HasField("run_defaults")
+    rt.set_policy(defaults if has_defaults else None, book)
+
+
+def _reason(value: str) -> Reason:
+    try:
+        return Reason(value)
+    except ValueError:
+        return Reason.OPERATOR_CANCEL
