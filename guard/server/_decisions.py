@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
+from guard.records import DecisionRecord
 from guard.server._status import PermissionDenied
-from guard.store._records import DecisionRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal

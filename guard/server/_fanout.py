@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Any
 
-from guard.store._records import DecisionRecord
+from guard.records import DecisionRecord
 from guard.v1 import guard_pb2 as pb
 
 __all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog"]

@@ -29,6 +29,7 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
+from guard.records import DecisionRecord
 from guard.server._allowances import Allowances
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions
@@ -39,7 +40,6 @@ from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
 from guard.server._tenants import Tenants
-from guard.store._records import DecisionRecord
 from guard.v1 import guard_pb2 as pb
 from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
 
