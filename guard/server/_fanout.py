@@ -85,17 +85,36 @@ class AgentSession:
         self.queue.put_nowait(msg)
         return msg.command_id
 
-    def directive(
+    def push(self, record: DecisionRecord, *, request_id: int = 0) -> int:
+        """Deliver a recorded decision: a ``record.action`` directive (warn, wrap_up, cancel or
+        deny) with its reason, detail, utilisation and metric. The record is written when the
+        agent acks it, or without a latency when it never does. Returns the command id."""
+        return self._directive(
+            record.action,
+            record.run_id,
+            record.reason,
+            record.detail,
+            record.utilisation,
+            record.metric,
+            record,
+            request_id,
+        )
+
+    def cancel(self, run_id: str, reason: str, detail: str) -> int:
+        """Send again a cancel that is already recorded (to an agent that re-attached, or
+        that re-registers a run the guard ended while it was away): no new record."""
+        return self._directive("cancel", run_id, reason, detail, None, None, None, 0)
+
+    def _directive(
         self,
         field: str,
-        *,
         run_id: str,
         reason: str,
         detail: str,
         utilisation: float | None,
         metric: str | None,
         record: DecisionRecord | None,
-        request_id: int = 0,
+        request_id: int,
     ) -> int:
         body = pb.Directive(
             run_id=run_id,

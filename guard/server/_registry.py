@@ -29,10 +29,9 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
-from guard.records import DecisionRecord
 from guard.server._allowances import Allowances
 from guard.server._auth import Principal
-from guard.server._decisions import Decisions
+from guard.server._decisions import Decisions, decision_record
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import Ingest
 from guard.server._lifecycle import Lifecycle
@@ -122,27 +121,10 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         metric: str | None = None,
     ) -> None:
         self.stats["denied"] += 1
-        record = DecisionRecord(
-            decided_at=time.time(),
-            run_id=rs.run_id,
-            tenant=tenant,
-            agent=rs.agent,
-            action="deny",
-            reason=reason,
-            detail=detail,
-            utilisation=util,
-            metric=metric,
+        record = decision_record(
+            rs.run_id, tenant, rs.agent, "deny", reason, detail, util, metric, "guard"
         )
-        session.directive(
-            "deny",
-            run_id=rs.run_id,
-            request_id=rs.request_id,
-            reason=reason,
-            detail=detail,
-            utilisation=util,
-            metric=metric,
-            record=record,
-        )
+        session.push(record, request_id=rs.request_id)
 
     def register(
         self,
@@ -178,14 +160,10 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             self._forget(run)  # releases what it held (kept here)
         if rs.run_id in self.ended:
             if restoring:  # ended while its agent was away (agent_lost): tell it so
-                session.directive(
-                    "cancel",
-                    run_id=rs.run_id,
-                    reason=Reason.AGENT_LOST.value,
-                    detail="run was ended by the guard while its agent was disconnected",
-                    utilisation=None,
-                    metric=None,
-                    record=None,
+                session.cancel(
+                    rs.run_id,
+                    Reason.AGENT_LOST.value,
+                    "run was ended by the guard while its agent was disconnected",
                 )
             else:
                 self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
@@ -327,15 +305,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         self.span_only.pop(run.run_id, None)
         session.runs.add(run.run_id)
         if run.stop_reason is not None:  # a cancel it may have missed while away
-            session.directive(
-                "cancel",
-                run_id=run.run_id,
-                reason=run.stop_reason.value,
-                detail=run.stop_detail,
-                utilisation=None,
-                metric=None,
-                record=None,
-            )
+            session.cancel(run.run_id, run.stop_reason.value, run.stop_detail)
 
     def _make_room(self) -> bool:
         """At the cap: forget the stalest span-only run (it has no agent to answer to)."""
