@@ -7,8 +7,9 @@ period, or an operator cancel of a run whose agent cannot be reached. Every way 
 exactly one ``Outcome`` to the sink (``_ended`` de-duplicates by run id).
 
 The registry lives on the server's event loop; nothing here blocks or awaits. The span path
-(``_ingest.Ingest``), the decision path (``_decisions.Decisions``) and the ways out
-(``_lifecycle.Lifecycle``) are mixed in.
+is a part of its own (``_ingest.SpanApplier``, ``registry.applier``); the decision path
+(``_decisions.Decisions``), the ways out (``_lifecycle.Lifecycle``) and re-registration
+(``_rejoin.Rejoin``) are mixed in.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from guard.policy import (
 from guard.server._allowances import Allowances
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions, decision_record
+from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
-from guard.server._ingest import Ingest
+from guard.server._ingest import SpanApplier
 from guard.server._lifecycle import Lifecycle
 from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
@@ -59,7 +61,7 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
-class Registry(Ingest, Decisions, Lifecycle, Rejoin):
+class Registry(Decisions, Lifecycle, Rejoin):
     """Per-run state for one guard process."""
 
     def __init__(
@@ -102,6 +104,12 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         }
         self._tenant_cut: dict[str, float] = {}
         self.allowances = Allowances(self)
+        self.applier = SpanApplier(self)
+
+    def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
+        """Apply one OTLP request's observations (see :class:`SpanApplier`). Returns (rejected
+        spans, the first error texts)."""
+        return self.applier.ingest(decoded, principal)
 
     # -- admission ------------------------------------------------------------------------
     def _check_id(self, run_id: str) -> None:
