@@ -197,7 +197,7 @@ class Decisions:
 
     def tenant_cut(self, tenant: str, d: Decision) -> None:
         """A tenant window is exhausted: cancel every live run of the tenant, everywhere."""
-        now = time.monotonic()
+        now = self.clock()  # the registry's monotonic clock
         last = self._tenant_cut.get(tenant)
         if last is not None and now - last < _TENANT_RESCAN_S:
             return
@@ -241,5 +241,6 @@ class Decisions:
         return ids
 
     # provided by Registry / Lifecycle
+    clock: Any
     end_run: Any
     get: Any
