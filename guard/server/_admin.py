@@ -122,7 +122,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         self, request: pb.TenantBudgetsRequest, context: Any
     ) -> pb.TenantBudgetsResponse:
         principal = self._principal(context)
-        tenants = self.app.registry.tenants
+        budgets = self.app.registry.budgets
         check_id("tenant", request.tenant)
         if request.tenant:
             principal.check_tenant(request.tenant, "the budget")
@@ -130,8 +130,8 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         elif principal.tenant is not None:
             names = [principal.tenant]
         else:
-            names = tenants.known()
-        return pb.TenantBudgetsResponse(tenants=[tenants.to_pb(n) for n in names])
+            names = budgets.known()
+        return pb.TenantBudgetsResponse(tenants=[budgets.status(n) for n in names])
 
     @grpc_errors
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:

@@ -66,10 +66,11 @@ def _seen(run: RunState) -> tuple[float, float]:
 
 
 class Allowances:
-    """The registry's allowance desk (composition: ``registry.allowances``)."""
+    """The allowance desk of :class:`~guard.server._parts.LocalTenantBudgets`."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, tenants: Any) -> None:
         self.registry = registry
+        self.tenants = tenants  # the windows the grants come out of (Tenants)
         settings = registry.config.guard
         self.fraction = float(settings.allowance_fraction)
         self.ttl_s = float(settings.allowance_ttl_s)
@@ -87,7 +88,7 @@ class Allowances:
             return self._ledgers[tenant]
         except KeyError:
             pass
-        budget = self.registry.tenants.budget(tenant)
+        budget = self.tenants.budget(tenant)
         led = None
         if budget is not None:
             led = TenantAllowances(budget, fraction=self.fraction, tail_s=_TAIL_S)
@@ -191,7 +192,7 @@ class Allowances:
         """The run ended (any way): its grant goes back, but for the tail its final usage
         says is still on the way; late spans of it still count (``late_span``)."""
         root = _root(run)
-        if self.registry.tenants.wants_usage(run.tenant):
+        if self.tenants.wants_usage(run.tenant):
             self._recent[run.run_id] = (run.tenant, root.run_id)
             self._recent.move_to_end(run.run_id)
             if len(self._recent) > RECENT_ENDED:

@@ -78,11 +78,12 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         )
                     elif body == "allowance_request":
                         check_allowance_request(msg.allowance_request)
-                        registry.allowances.request(session, msg.allowance_request, principal)
+                        registry.budgets.request(session, msg.allowance_request, principal)
                     elif body == "hello":
                         raise InvalidInput("hello sent twice on one stream")
                     else:
                         raise InvalidInput("empty AgentMessage")
+                    await registry.budgets.sync()  # see _parts: settle with shared budgets
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:

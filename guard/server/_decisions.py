@@ -111,7 +111,8 @@ class Decisions:
     runs: dict[str, RunState]
     by_tenant: dict[str, set[str]]
     log: Any
-    tenants: Any
+    budgets: Any
+    bus: Any
     config: Any
     _tenant_cut: dict[str, float]
 
@@ -120,10 +121,10 @@ class Decisions:
         self._route(run, decision_record_of(run, action, reason, detail, util, metric, "guard"))
 
     def _route(self, run: RunState, record: DecisionRecord) -> bool:
-        """Deliver a decision to the run's agent (the record is written on its ack), or write
-        the record at once when the agent is not connected. True when it was sent."""
-        if run.connected:
-            run.session.push(record)
+        """Deliver a decision to the run's agent through the directive bus (the record is
+        written on its ack), or write the record at once when nobody holds the run's stream.
+        True when it was sent."""
+        if self.bus.deliver(run, record):
             return True
         self.log.write(record, None)
         return False

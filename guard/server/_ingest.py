@@ -152,7 +152,7 @@ class SpanApplier:
                 if run is None:
                     if run_id in reg.ended:
                         stats["late_spans"] += 1
-                        reg.allowances.late_span(o, scope, spent)  # still the tenant's spend
+                        reg.budgets.late_span(o, scope, spent)  # still the tenant's spend
                         continue
                     if o[KIND] == KIND_RUN:
                         continue  # the end of a run we never tracked: nothing to decide
@@ -304,11 +304,11 @@ class SpanApplier:
         verdict it produced (and its parents, whose budgets its spend reached)."""
         reg = self.registry
         for tenant, usage in spent.items():
-            td = reg.tenants.record(tenant, usage)
+            td = reg.budgets.record(tenant, usage)
             if td.stop:
                 reg.tenant_cut(tenant, td)
         if touched:
-            reg.allowances.observe(touched)  # spend moves from the runs' grants to windows
+            reg.budgets.observe(touched)  # spend moves from the runs' grants to windows
             now = reg.clock()
             for run, entry in touched.items():
                 phase, verdict = entry.phase, entry.verdict

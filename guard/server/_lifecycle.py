@@ -38,12 +38,12 @@ class Lifecycle:
     sessions: set[AgentSession]
     ended: Any
     stats: dict[str, int]
-    tenants: Any
+    budgets: Any
+    directory: Any
     config: Any
     sink: Any
     clock: Any
     grace_s: float
-    allowances: Any
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
@@ -59,7 +59,7 @@ class Lifecycle:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
-            self.allowances.release(run, outcome)  # keeps the tail its final usage announces
+            self.budgets.release(run, outcome)  # keeps the tail its final usage announces
             self._finish(run)
         elif outcome.run_id in self.ended:
             self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
@@ -118,10 +118,10 @@ class Lifecycle:
             self.ended.popitem(last=False)
 
     def _finish(self, run: RunState) -> None:
-        self.allowances.release(run)  # every way out gives the tenant's grant back
+        self.budgets.release(run)  # every way out gives the tenant's grant back
         self._forget(run)
         if run.admitted:
-            self.tenants.run_ended(run.tenant)
+            self.budgets.run_ended(run.tenant)
             run.admitted = False
 
     def _forget(self, run: RunState) -> None:
@@ -139,8 +139,7 @@ class Lifecycle:
                 del self.by_tenant[run.tenant]
         if run.trace_id and self.by_trace.get(run.trace_id) is run:
             del self.by_trace[run.trace_id]
-        if run.session is not None:
-            run.session.runs.discard(rid)
+        self.directory.release(run)
 
     # -- housekeeping ----------------------------------------------------------------------
     def sweep(self, limit: int | None = None) -> bool:
@@ -169,7 +168,7 @@ class Lifecycle:
                 self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
-        self.allowances.renew()
+        self.budgets.renew()
         return more
 
     def _agent_gone(self, run: RunState, why: str) -> None:

@@ -30,17 +30,22 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
-from guard.server._allowances import Allowances
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions, decision_record
 from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import SpanApplier
 from guard.server._lifecycle import Lifecycle
+from guard.server._parts import (
+    DirectiveBus,
+    PartsFactory,
+    RunDirectory,
+    TenantBudgets,
+    local_parts,
+)
 from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
-from guard.server._tenants import Tenants
 from guard.v1 import guard_pb2 as pb
 from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
 
@@ -71,13 +76,13 @@ class Registry(Decisions, Lifecycle, Rejoin):
         *,
         guard_id: str,
         clock: Callable[[], float] = time.monotonic,
+        parts: PartsFactory = local_parts,
     ) -> None:
         self.config = config
         self.sink = sink
         self.guard_id = guard_id
         self.clock = clock
         self.log = DecisionLog(sink, guard_id)
-        self.tenants = Tenants(config, clock=clock)
         self.runs: dict[str, RunState] = {}
         self.by_trace: dict[bytes, RunState] = {}
         self.by_tenant: dict[str, set[str]] = {}
@@ -103,8 +108,13 @@ class Registry(Decisions, Lifecycle, Rejoin):
             "adopted_runs": 0,
         }
         self._tenant_cut: dict[str, float] = {}
-        self.allowances = Allowances(self)
         self.applier = SpanApplier(self)
+        # tenant budgets, the run directory and the directive bus: in memory, or shared by
+        # replicas (see _parts); nothing else here knows which
+        chosen = parts(self)
+        self.budgets: TenantBudgets = chosen.budgets
+        self.directory: RunDirectory = chosen.directory
+        self.bus: DirectiveBus = chosen.bus
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
         """Apply one OTLP request's observations (see :class:`SpanApplier`). Returns (rejected
@@ -192,7 +202,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
                 f"{self.max_runs})",
             )
             return
-        verdict = self.tenants.admit(tenant)
+        verdict = self.budgets.admit(tenant)
         if verdict.stop and not restoring:
             self._deny(
                 session,
@@ -288,13 +298,13 @@ class Registry(Decisions, Lifecycle, Rejoin):
         if trace and trace not in self.by_trace:
             self.by_trace[trace] = run  # the outermost run of a trace owns foreign spans
         if session is not None:
-            session.runs.add(run_id)
+            self.directory.claim(run, session)
         else:
             self.span_only[run_id] = run
         return run
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
-        self.allowances.on_admit(run, session)  # the run's ceilings arrive before its Admit
+        self.budgets.on_admit(run, session)  # the run's ceilings arrive before its Admit
         body = pb.Admit(
             run_id=run.run_id,
             request_id=request_id,
@@ -304,14 +314,11 @@ class Registry(Decisions, Lifecycle, Rejoin):
         session.send("admit", body)
 
     def _attach(self, run: RunState, session: AgentSession) -> None:
-        if run.session is not None and run.session is not session:
-            run.session.runs.discard(run.run_id)
-        run.session = session
+        self.directory.claim(run, session)
         run.detached_at = None
         run.touched_at = self.clock()
         self.detached.pop(run.run_id, None)
         self.span_only.pop(run.run_id, None)
-        session.runs.add(run.run_id)
         if run.stop_reason is not None:  # a cancel it may have missed while away
             session.cancel(run.run_id, run.stop_reason.value, run.stop_detail)
 

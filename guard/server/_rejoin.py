@@ -40,7 +40,7 @@ class Rejoin:
     by_tenant: dict[str, set[str]]
     ended: Any
     stats: dict[str, int]
-    tenants: Any
+    budgets: Any
     clock: Any
     ingest: Any
     stop_run: Any
@@ -56,7 +56,7 @@ class Rejoin:
         run.tokens_used = u.input_tokens + u.output_tokens
         run.cost_used = u.cost_usd or 0.0
         if run.parent is None:
-            self.tenants.record(run.tenant, u)
+            self.budgets.record(run.tenant, u)
 
     def _adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
         """The agent registered a run that spans had created first (provisional): count the

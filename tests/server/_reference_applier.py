@@ -109,7 +109,7 @@ class ReferenceApplier(SpanApplier):
             if run is None:
                 if run_id in reg.ended:
                     reg.stats["late_spans"] += 1
-                    reg.allowances.late_span(o, principal.tenant, spent)
+                    reg.budgets.late_span(o, principal.tenant, spent)
                     return None
                 if o[KIND] == KIND_RUN:
                     return None

@@ -235,7 +235,7 @@ class Side:
                 run.end_hint,
                 run.session is not None and run.session.session_id,
             )
-        tenants = {t: reg.tenants.to_pb(t).SerializeToString() for t in reg.tenants.known()}
+        tenants = {t: reg.budgets.status(t).SerializeToString() for t in reg.budgets.known()}
         return {
             "runs": runs,
             "ended": list(reg.ended),
@@ -301,3 +301,60 @@ def test_fused_applier_matches_the_reference(ops: list[tuple[Any, ...]]) -> None
         fused.apply(step, payload)
         ref.apply(step, payload)
         assert fused.state() == ref.state(), step
+
+
+class _CountingBudgets:
+    """The in-memory tenant budgets, counting the calls that would be round trips."""
+
+    def __init__(self, registry: Any) -> None:
+        from guard.server._parts import LocalTenantBudgets
+
+        self.inner = LocalTenantBudgets(registry)
+        self.records: list[str] = []
+
+    def record(self, tenant: str, usage: Any) -> Any:
+        self.records.append(tenant)
+        return self.inner.record(tenant, usage)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_request_reaches_each_tenants_budget_once() -> None:
+    from guard.server._parts import LocalBus, LocalDirectory, Parts
+
+    counting: list[_CountingBudgets] = []
+
+    def parts(registry: Any) -> Parts:
+        counting.append(_CountingBudgets(registry))
+        return Parts(counting[0], LocalDirectory(registry), LocalBus())
+
+    reg = Registry(config(**POLICY), MemorySink(), guard_id="t", clock=Clock(), parts=parts)
+    spans = [
+        _span({**spec, "run": i % 4}, n)
+        for n, (i, spec) in enumerate(
+            (
+                (
+                    i,
+                    {
+                        "kind": k,
+                        "tokens": 40,
+                        "fp": i % 3,
+                        "result": 0,
+                        "seq": None,
+                        "resp": None,
+                        "progress": True,
+                        "bad": 1,
+                    },
+                )
+                for i in range(40)
+                for k in ("model", "tool", "step")
+            ),
+            start=1,
+        )
+    ]
+    decoded = decode_request(request(*spans))
+    assert len(decoded.observations) == 120
+    reg.ingest(decoded, ANONYMOUS)
+    assert sorted(counting[0].records) == ["acme", "globex"]  # 120 spans, one call per tenant
+    assert reg.runs["run-0"].budget.usage().model_calls == 10
