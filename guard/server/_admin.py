@@ -21,7 +21,7 @@ from guard.server._state import RunState
 from guard.server._status import PermissionDenied, grpc_errors
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
-from guard.wire import limits_to_pb, usage_to_pb
+from guard.wire import run_status_to_pb
 
 __all__ = ["AdminServicer", "run_status"]
 
@@ -42,17 +42,17 @@ def run_status(run: RunState) -> pb.RunStatus:
         state = "stopping"
     else:
         state = "running"
-    return pb.RunStatus(
+    return run_status_to_pb(
         run_id=run.run_id,
         parent_run_id=run.parent_run_id,
         tenant=run.tenant,
         agent=run.agent,
         process_id=run.session.process_id if run.session is not None else "",
-        usage=usage_to_pb(budget.usage()),
-        limits=limits_to_pb(budget.limits),
+        usage=budget.usage(),
+        limits=budget.limits,
         elapsed_s=budget.elapsed_s(),
-        utilisation=util or 0.0,
-        metric=metric or "",
+        utilisation=util,
+        metric=metric,
         state=state,
         connected=run.connected,
     )

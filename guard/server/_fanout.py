@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from guard.records import DecisionRecord
-from guard.v1 import guard_pb2 as pb
+from guard.wire import directive_to_pb, envelope_to_pb
 
 __all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog"]
 
@@ -66,9 +66,9 @@ class AgentSession:
         # command_id -> (monotonic send time, record)
         self.pending: dict[int, tuple[float, DecisionRecord]] = {}
 
-    def _envelope(self) -> pb.GuardMessage:
+    def _envelope(self) -> Any:
         self._next_id += 1
-        return pb.GuardMessage(command_id=self._next_id, sent_at_unix=time.time())
+        return envelope_to_pb(self._next_id, time.time())
 
     def send(self, field: str, body: Any, record: DecisionRecord | None = None) -> int:
         """Queue one GuardMessage with ``body`` in oneof ``field``; returns its command id."""
@@ -116,14 +116,7 @@ class AgentSession:
         record: DecisionRecord | None,
         request_id: int,
     ) -> int:
-        body = pb.Directive(
-            run_id=run_id,
-            request_id=request_id,
-            reason=reason,
-            detail=detail,
-            utilisation=utilisation or 0.0,
-            metric=metric or "",
-        )
+        body = directive_to_pb(run_id, reason, detail, utilisation, metric, request_id)
         return self.send(field, body, record)
 
     def ack(self, command_id: int) -> float | None:

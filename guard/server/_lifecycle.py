@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
-from guard.v1 import guard_pb2 as pb
+from guard.wire import record_ack_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
@@ -71,7 +71,7 @@ class Lifecycle:
     @staticmethod
     def _ack_record(session: AgentSession | None, run_id: str) -> None:
         if session is not None:
-            session.send("record_ack", pb.RecordAck(run_id=run_id))
+            session.send("record_ack", record_ack_to_pb(run_id))
 
     def end_run(
         self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy

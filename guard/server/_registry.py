@@ -47,7 +47,7 @@ from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
 from guard.v1 import guard_pb2 as pb
-from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
+from guard.wire import admit_to_pb, limits_from_pb, usage_from_pb
 
 __all__ = ["Registry"]
 
@@ -305,13 +305,8 @@ class Registry(Decisions, Lifecycle, Rejoin):
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
         self.budgets.on_admit(run, session)  # the run's ceilings arrive before its Admit
-        body = pb.Admit(
-            run_id=run.run_id,
-            request_id=request_id,
-            effective=limits_to_pb(run.budget.limits),
-            price_book_version=self.config.prices.version or "",
-        )
-        session.send("admit", body)
+        version = self.config.prices.version or ""
+        session.send("admit", admit_to_pb(run.run_id, request_id, run.budget.limits, version))
 
     def _attach(self, run: RunState, session: AgentSession) -> None:
         self.directory.claim(run, session)
