@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
+from guard.server._table import ENDED_MEMORY
 from guard.wire import record_ack_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,10 +21,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._fanout import AgentSession
     from guard.server._state import RunState
 
-__all__ = ["ENDED_MEMORY", "Lifecycle"]
+__all__ = ["ENDED_MEMORY", "Lifecycle"]  # ENDED_MEMORY: see _table
 
 log = logging.getLogger("guard.server")
-ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
 SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
 
 
@@ -40,6 +40,7 @@ class Lifecycle:
     stats: dict[str, int]
     budgets: Any
     directory: Any
+    table: Any
     config: Any
     sink: Any
     clock: Any
@@ -113,9 +114,7 @@ class Lifecycle:
         return True
 
     def _remember_ended(self, run_id: str) -> None:
-        self.ended[run_id] = None
-        if len(self.ended) > ENDED_MEMORY:
-            self.ended.popitem(last=False)
+        self.table.remember_ended(run_id)
 
     def _finish(self, run: RunState) -> None:
         self.budgets.release(run)  # every way out gives the tenant's grant back
@@ -125,20 +124,7 @@ class Lifecycle:
             run.admitted = False
 
     def _forget(self, run: RunState) -> None:
-        rid = run.run_id
-        if run.provisional:  # the spans it held for its agent (Rejoin._gate)
-            self.provisional_spans -= len(run.seq_gate)  # type: ignore[arg-type]
-            run.seq_gate = None
-        self.runs.pop(rid, None)
-        self.detached.pop(rid, None)
-        self.span_only.pop(rid, None)
-        ids = self.by_tenant.get(run.tenant)
-        if ids is not None:
-            ids.discard(rid)
-            if not ids:
-                del self.by_tenant[run.tenant]
-        if run.trace_id and self.by_trace.get(run.trace_id) is run:
-            del self.by_trace[run.trace_id]
+        self.table.forget(run)  # and the spans a provisional run held (Rejoin._gate)
         self.directory.release(run)
 
     # -- housekeeping ----------------------------------------------------------------------

@@ -15,7 +15,6 @@ is a part of its own (``_ingest.SpanApplier``, ``registry.applier``); the decisi
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +45,7 @@ from guard.server._parts import (
 from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
+from guard.server._table import RunTable
 from guard.v1 import guard_pb2 as pb
 from guard.wire import admit_to_pb, limits_from_pb, usage_from_pb
 
@@ -83,15 +83,13 @@ class Registry(Decisions, Lifecycle, Rejoin):
         self.guard_id = guard_id
         self.clock = clock
         self.log = DecisionLog(sink, guard_id)
-        self.runs: dict[str, RunState] = {}
-        self.by_trace: dict[bytes, RunState] = {}
-        self.by_tenant: dict[str, set[str]] = {}
-        self.detached: dict[str, RunState] = {}
-        self.span_only: dict[str, RunState] = {}
+        self.table = RunTable(config.guard.max_tracked_runs)
+        # read-only views of the table's maps (only RunTable changes them)
+        t = self.table
+        self.runs, self.by_trace, self.by_tenant = t.runs, t.by_trace, t.by_tenant
+        self.detached, self.span_only, self.ended = t.detached, t.span_only, t.ended
+        self.max_runs = t.max_runs
         self.sessions: set[AgentSession] = set()
-        self.ended: OrderedDict[str, None] = OrderedDict()
-        self.provisional_spans = 0  # held by provisional runs (see _rejoin)
-        self.max_runs = int(config.guard.max_tracked_runs)
         self.grace_s = float(config.guard.agent_grace_s)
         self.stats: dict[str, int] = {
             "spans": 0,
@@ -115,6 +113,11 @@ class Registry(Decisions, Lifecycle, Rejoin):
         self.budgets: TenantBudgets = chosen.budgets
         self.directory: RunDirectory = chosen.directory
         self.bus: DirectiveBus = chosen.bus
+
+    @property
+    def provisional_spans(self) -> int:
+        """Spans held by provisional runs (see ``RunTable.hold``)."""
+        return self.table.provisional_spans
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
         """Apply one OTLP request's observations (see :class:`SpanApplier`). Returns (rejected
@@ -191,7 +194,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
             limits_from_pb(rs.requested) if rs.HasField("requested") else None
         )
         restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
-        if len(self.runs) >= self.max_runs and not self._make_room():
+        if self.table.full() and not self._make_room():
             self.stats["capacity_rejections"] += 1
             self._deny(
                 session,
@@ -293,14 +296,9 @@ class Registry(Decisions, Lifecycle, Rejoin):
             admitted=admitted,
             now=now,
         )
-        self.runs[run_id] = run
-        self.by_tenant.setdefault(tenant, set()).add(run_id)
-        if trace and trace not in self.by_trace:
-            self.by_trace[trace] = run  # the outermost run of a trace owns foreign spans
+        self.table.add(run, span_only=session is None)
         if session is not None:
             self.directory.claim(run, session)
-        else:
-            self.span_only[run_id] = run
         return run
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
@@ -312,16 +310,15 @@ class Registry(Decisions, Lifecycle, Rejoin):
         self.directory.claim(run, session)
         run.detached_at = None
         run.touched_at = self.clock()
-        self.detached.pop(run.run_id, None)
-        self.span_only.pop(run.run_id, None)
+        self.table.attached(run)
         if run.stop_reason is not None:  # a cancel it may have missed while away
             session.cancel(run.run_id, run.stop_reason.value, run.stop_detail)
 
     def _make_room(self) -> bool:
         """At the cap: forget the stalest span-only run (it has no agent to answer to)."""
-        if not self.span_only:
+        stalest = self.table.stalest_span_only()
+        if stalest is None:
             return False
-        stalest = min(self.span_only.values(), key=lambda r: r.touched_at)
         self._forget(stalest)
         return True
 
@@ -350,8 +347,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
         for run_id in list(session.runs):
             run = self.runs.get(run_id)
             if run is not None and run.session is session:
-                run.detached_at = now
-                self.detached[run_id] = run
+                self.table.detach(run, now)
         session.runs.clear()
 
     def ack(self, session: AgentSession, ack: pb.Ack) -> None:
