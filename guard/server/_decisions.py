@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._state import RunState
 
-__all__ = ["FORECAST_HORIZON_STEPS", "Decisions", "decision_record", "decision_record_of"]
+__all__ = ["FORECAST_HORIZON_STEPS", "Decisions", "decision_record"]
 
 FORECAST_HORIZON_STEPS = 2
 _TENANT_RESCAN_S = 0.5  # after a tenant cut, re-check its runs at most this often
@@ -90,21 +90,6 @@ def decision_record(
     )
 
 
-def decision_record_of(
-    run: RunState,
-    action: str,
-    reason: str,
-    detail: str,
-    util: float | None,
-    metric: str | None,
-    by: str,
-) -> DecisionRecord:
-    """:func:`decision_record` for a tracked run."""
-    return decision_record(
-        run.run_id, run.tenant, run.agent, action, reason, detail, util, metric, by
-    )
-
-
 class Decisions:
     """Decision routing (mixin; expects the Registry's attributes)."""
 
@@ -118,7 +103,10 @@ class Decisions:
 
     def issue(self, run: RunState, action: str, reason: str, detail: str, util, metric) -> None:
         """Push warn / wrap_up to the run's agent (recorded; dropped if unreachable)."""
-        self._route(run, decision_record_of(run, action, reason, detail, util, metric, "guard"))
+        record = decision_record(
+            run.run_id, run.tenant, run.agent, action, reason, detail, util, metric, "guard"
+        )
+        self._route(run, record)
 
     def _route(self, run: RunState, record: DecisionRecord) -> bool:
         """Deliver a decision to the run's agent through the directive bus (the record is
@@ -144,7 +132,17 @@ class Decisions:
         run.stop_reason = reason
         run.stop_detail = detail
         run.stop_by = by
-        record = decision_record_of(run, "cancel", reason.value, detail, util, metric, by.value)
+        record = decision_record(
+            run.run_id,
+            run.tenant,
+            run.agent,
+            "cancel",
+            reason.value,
+            detail,
+            util,
+            metric,
+            by.value,
+        )
         if self._route(run, record):
             return
         # Nobody to tell: the operator's word ends it now. A provisional run's agent is about
