@@ -48,10 +48,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
+    "admit_to_pb",
+    "allowance_to_pb",
     "check_allowance_request",
     "check_heartbeat",
     "check_hello",
     "check_run_started",
+    "directive_to_pb",
+    "envelope_to_pb",
     "limits_from_pb",
     "limits_to_pb",
     "outcome_from_pb",
@@ -60,8 +64,12 @@ __all__ = [
     "policy_to_pb",
     "price_book_from_pb",
     "price_book_to_pb",
+    "record_ack_to_pb",
+    "run_status_to_pb",
+    "tenant_budget_to_pb",
     "usage_from_pb",
     "usage_to_pb",
+    "welcome_to_pb",
 ]
 
 _INT_LIMITS = ("max_steps", "max_tool_calls", "max_model_calls", "max_tokens", "reserve_tokens")
@@ -398,3 +406,16 @@ def check_allowance_request(req: pb.AllowanceRequest) -> None:
     check_count("allowance_request.tokens", req.tokens)
     if req.HasField("usage"):
         usage_from_pb(req.usage)
+
+
+# The guard's commands and admin answers (kept in their own module; part of this one).
+from guard._wire_commands import (  # noqa: E402
+    admit_to_pb,
+    allowance_to_pb,
+    directive_to_pb,
+    envelope_to_pb,
+    record_ack_to_pb,
+    run_status_to_pb,
+    tenant_budget_to_pb,
+    welcome_to_pb,
+)

@@ -1,9 +1,17 @@
-"""The guard service: OTLP ingest, the run registry, decision fan-out, admin and auth.
+"""The guard service: servicers that only adapt, over parts with explicit interfaces.
 
-Layers (each a private module): ``_decode`` (pure OTLP -> observations), ``_registry`` /
-``_ingest`` / ``_decisions`` (per-run state and policy routing), ``_tenants`` (rolling
-budgets), ``_fanout`` (commands and acks per agent stream), ``_auth``, ``_status`` (the one
-error -> gRPC status boundary), and the servicers ``_otlp``, ``_control``, ``_admin``.
+Parts (each a private module): ``_decode`` / ``_rawdecode`` (pure OTLP -> observations);
+``_table`` (the run table: indexes by id, trace and tenant, capacity, ended ids); ``_ingest``
+(the span applier: the fused per-request loop, its per-request state in ``Touched``);
+``_registry`` with ``_decisions`` / ``_lifecycle`` / ``_rejoin`` (admission, the decision
+router that builds every ``DecisionRecord``, the ways a run ends, re-registration);
+``_parts`` (the shared-state interfaces ``TenantBudgets``, ``RunDirectory`` and
+``DirectiveBus``, with the in-memory implementations ``_tenants`` + ``_allowances``, the run
+table's session ownership and in-process ``AgentSession`` delivery, chosen at start);
+``_fanout`` (commands and acks per agent stream), ``_auth``, ``_status`` (the one error ->
+gRPC status boundary), and the servicers ``_otlp``, ``_control``, ``_admin``. Protobuf
+messages are built through :mod:`guard.wire`; ``import guard.server`` does not load the
+store (records live in :mod:`guard.records`).
 """
 
 from guard.server._app import (

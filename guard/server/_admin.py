@@ -21,7 +21,7 @@ from guard.server._state import RunState
 from guard.server._status import PermissionDenied, grpc_errors
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
-from guard.wire import limits_to_pb, usage_to_pb
+from guard.wire import run_status_to_pb
 
 __all__ = ["AdminServicer", "run_status"]
 
@@ -42,17 +42,17 @@ def run_status(run: RunState) -> pb.RunStatus:
         state = "stopping"
     else:
         state = "running"
-    return pb.RunStatus(
+    return run_status_to_pb(
         run_id=run.run_id,
         parent_run_id=run.parent_run_id,
         tenant=run.tenant,
         agent=run.agent,
         process_id=run.session.process_id if run.session is not None else "",
-        usage=usage_to_pb(budget.usage()),
-        limits=limits_to_pb(budget.limits),
+        usage=budget.usage(),
+        limits=budget.limits,
         elapsed_s=budget.elapsed_s(),
-        utilisation=util or 0.0,
-        metric=metric or "",
+        utilisation=util,
+        metric=metric,
         state=state,
         connected=run.connected,
     )
@@ -122,7 +122,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         self, request: pb.TenantBudgetsRequest, context: Any
     ) -> pb.TenantBudgetsResponse:
         principal = self._principal(context)
-        tenants = self.app.registry.tenants
+        budgets = self.app.registry.budgets
         check_id("tenant", request.tenant)
         if request.tenant:
             principal.check_tenant(request.tenant, "the budget")
@@ -130,8 +130,8 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         elif principal.tenant is not None:
             names = [principal.tenant]
         else:
-            names = tenants.known()
-        return pb.TenantBudgetsResponse(tenants=[tenants.to_pb(n) for n in names])
+            names = budgets.known()
+        return pb.TenantBudgetsResponse(tenants=[budgets.status(n) for n in names])
 
     @grpc_errors
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:

@@ -39,12 +39,13 @@ from guard.server._decode import (
     OUT,
     RUN_ID,
 )
-from guard.v1 import guard_pb2 as pb
+from guard.wire import allowance_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._fanout import AgentSession
     from guard.server._state import RunState
+    from guard.v1 import guard_pb2 as pb
 
 __all__ = ["RECENT_ENDED", "Allowances"]
 
@@ -66,10 +67,11 @@ def _seen(run: RunState) -> tuple[float, float]:
 
 
 class Allowances:
-    """The registry's allowance desk (composition: ``registry.allowances``)."""
+    """The allowance desk of :class:`~guard.server._parts.LocalTenantBudgets`."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: Any, tenants: Any) -> None:
         self.registry = registry
+        self.tenants = tenants  # the windows the grants come out of (Tenants)
         settings = registry.config.guard
         self.fraction = float(settings.allowance_fraction)
         self.ttl_s = float(settings.allowance_ttl_s)
@@ -87,7 +89,7 @@ class Allowances:
             return self._ledgers[tenant]
         except KeyError:
             pass
-        budget = self.registry.tenants.budget(tenant)
+        budget = self.tenants.budget(tenant)
         led = None
         if budget is not None:
             led = TenantAllowances(budget, fraction=self.fraction, tail_s=_TAIL_S)
@@ -100,17 +102,15 @@ class Allowances:
     def _push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
         if session is None or session.closed:
             return
-        msg = pb.Allowance(
-            run_id=grant.run_id,
+        msg = allowance_to_pb(
+            grant.run_id,
             request_id=request_id,
             ttl_s=self.ttl_s,
             exhausted=grant.exhausted,
             detail=grant.detail,
+            max_cost_usd=grant.max_cost_usd,
+            max_tokens=grant.max_tokens,
         )
-        if grant.max_cost_usd is not None:
-            msg.max_cost_usd = grant.max_cost_usd
-        if grant.max_tokens is not None:
-            msg.max_tokens = int(min(grant.max_tokens, _MAX_TOKENS))
         session.send("allowance", msg)
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -143,9 +143,7 @@ class Allowances:
             or (principal.tenant is not None and run.tenant != principal.tenant)
         ):
             self.registry.stats["allowance_unknown"] += 1
-            session.send(
-                "allowance", pb.Allowance(run_id=req.run_id[:256], request_id=req.request_id)
-            )
+            session.send("allowance", allowance_to_pb(req.run_id[:256], request_id=req.request_id))
             return
         root = _root(run)
         led = self.ledger(root.tenant)
@@ -191,7 +189,7 @@ class Allowances:
         """The run ended (any way): its grant goes back, but for the tail its final usage
         says is still on the way; late spans of it still count (``late_span``)."""
         root = _root(run)
-        if self.registry.tenants.wants_usage(run.tenant):
+        if self.tenants.wants_usage(run.tenant):
             self._recent[run.run_id] = (run.tenant, root.run_id)
             self._recent.move_to_end(run.run_id)
             if len(self._recent) > RECENT_ENDED:

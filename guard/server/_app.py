@@ -38,6 +38,7 @@ from guard.server._fanout import AgentSession
 from guard.server._looplag import LoopLag
 from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
 from guard.server._otlp import trace_service_handler
+from guard.server._parts import parts_for
 from guard.server._registry import Registry
 from guard.server._safe import add_safely
 from guard.server._sinks import NullSink
@@ -119,7 +120,9 @@ class GuardServer:
                 path="auth",
             )
         self.auth = Authenticator(self.config.auth, environ)
-        self.registry = Registry(self.config, self.sink, guard_id=self.guard_id)
+        self.registry = Registry(
+            self.config, self.sink, guard_id=self.guard_id, parts=parts_for(self.config)
+        )
         self.policy_pb = policy_to_pb(self.config)
         self.turns = TenantTurns()  # one sliced request per tenant at a time
         self.draining = False
@@ -158,7 +161,7 @@ class GuardServer:
         out["runs_detached"] = float(len(registry.detached))
         out["runs_span_only"] = float(len(registry.span_only))
         out["sessions"] = float(len(self._sessions))
-        out["tenants_known"] = float(len(registry.tenants.known()))
+        out["tenants_known"] = float(len(registry.budgets.known()))
         return out
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from guard.wire import (
     check_run_started,
     outcome_from_pb,
     policy_to_pb,
+    welcome_to_pb,
 )
 
 __all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer"]
@@ -78,11 +79,12 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         )
                     elif body == "allowance_request":
                         check_allowance_request(msg.allowance_request)
-                        registry.allowances.request(session, msg.allowance_request, principal)
+                        registry.budgets.request(session, msg.allowance_request, principal)
                     elif body == "hello":
                         raise InvalidInput("hello sent twice on one stream")
                     else:
                         raise InvalidInput("empty AgentMessage")
+                    await registry.budgets.sync()  # see _parts: settle with shared budgets
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:
@@ -142,12 +144,12 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
 
     def _welcome(self, session: AgentSession) -> pb.Welcome:
         cfg = self.app.config
-        return pb.Welcome(
-            guard_id=self.app.guard_id,
-            session_id=session.session_id,
-            heartbeat_interval_ms=int(cfg.guard.heartbeat_interval_ms),
-            agent_grace_s=round(cfg.guard.agent_grace_s),
-            policy=self.app.policy_pb,
+        return welcome_to_pb(
+            self.app.guard_id,
+            session.session_id,
+            int(cfg.guard.heartbeat_interval_ms),
+            round(cfg.guard.agent_grace_s),
+            self.app.policy_pb,
         )
 
     @staticmethod

@@ -17,14 +17,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
+from guard.records import DecisionRecord
 from guard.server._status import PermissionDenied
-from guard.store._records import DecisionRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._state import RunState
 
-__all__ = ["FORECAST_HORIZON_STEPS", "Decisions"]
+__all__ = ["FORECAST_HORIZON_STEPS", "Decisions", "decision_record"]
 
 FORECAST_HORIZON_STEPS = 2
 _TENANT_RESCAN_S = 0.5  # after a tenant cut, re-check its runs at most this often
@@ -63,45 +63,59 @@ def _forecast_due(run: RunState, limits: Any) -> bool:
     return cost is not None and step_cost > 0 and cost - run.cost_used <= span * step_cost
 
 
+def decision_record(
+    run_id: str,
+    tenant: str,
+    agent: str,
+    action: str,
+    reason: str,
+    detail: str,
+    util: float | None,
+    metric: str | None,
+    by: str,
+) -> DecisionRecord:
+    """The one place a :class:`DecisionRecord` is made (warn, wrap_up, cancel, deny), stamped
+    with the decision time; the command id, latency and guard id are added on delivery."""
+    return DecisionRecord(
+        decided_at=time.time(),
+        run_id=run_id,
+        tenant=tenant,
+        agent=agent,
+        action=action,
+        reason=reason,
+        detail=detail,
+        utilisation=util,
+        metric=metric,
+        decided_by=by,
+    )
+
+
 class Decisions:
     """Decision routing (mixin; expects the Registry's attributes)."""
 
     runs: dict[str, RunState]
     by_tenant: dict[str, set[str]]
     log: Any
-    tenants: Any
+    budgets: Any
+    bus: Any
     config: Any
     _tenant_cut: dict[str, float]
 
-    def _record(self, run: RunState, action: str, reason: str, detail: str, util, metric, by):
-        return DecisionRecord(
-            decided_at=time.time(),
-            run_id=run.run_id,
-            tenant=run.tenant,
-            agent=run.agent,
-            action=action,
-            reason=reason,
-            detail=detail,
-            utilisation=util,
-            metric=metric,
-            decided_by=by,
-        )
-
     def issue(self, run: RunState, action: str, reason: str, detail: str, util, metric) -> None:
         """Push warn / wrap_up to the run's agent (recorded; dropped if unreachable)."""
-        record = self._record(run, action, reason, detail, util, metric, "guard")
-        if run.connected:
-            run.session.directive(
-                action,
-                run_id=run.run_id,
-                reason=reason,
-                detail=detail,
-                utilisation=util,
-                metric=metric,
-                record=record,
-            )
-        else:
-            self.log.write(record, None)
+        record = decision_record(
+            run.run_id, run.tenant, run.agent, action, reason, detail, util, metric, "guard"
+        )
+        self._route(run, record)
+
+    def _route(self, run: RunState, record: DecisionRecord) -> bool:
+        """Deliver a decision to the run's agent through the directive bus (the record is
+        written on its ack), or write the record at once when nobody holds the run's stream.
+        True when it was sent."""
+        if self.bus.deliver(run, record):
+            return True
+        self.log.write(record, None)
+        return False
 
     def stop_run(
         self,
@@ -118,19 +132,19 @@ class Decisions:
         run.stop_reason = reason
         run.stop_detail = detail
         run.stop_by = by
-        record = self._record(run, "cancel", reason.value, detail, util, metric, by.value)
-        if run.connected:
-            run.session.directive(
-                "cancel",
-                run_id=run.run_id,
-                reason=reason.value,
-                detail=detail,
-                utilisation=util,
-                metric=metric,
-                record=record,
-            )
+        record = decision_record(
+            run.run_id,
+            run.tenant,
+            run.agent,
+            "cancel",
+            reason.value,
+            detail,
+            util,
+            metric,
+            by.value,
+        )
+        if self._route(run, record):
             return
-        self.log.write(record, None)
         # Nobody to tell: the operator's word ends it now. A provisional run's agent is about
         # to re-register: the cancel reaches it then (Registry._adopt), or the sweep ends it.
         if by is DecidedBy.OPERATOR and not run.provisional:
@@ -182,7 +196,7 @@ class Decisions:
 
     def tenant_cut(self, tenant: str, d: Decision) -> None:
         """A tenant window is exhausted: cancel every live run of the tenant, everywhere."""
-        now = time.monotonic()
+        now = self.clock()  # the registry's monotonic clock
         last = self._tenant_cut.get(tenant)
         if last is not None and now - last < _TENANT_RESCAN_S:
             return
@@ -226,5 +240,6 @@ class Decisions:
         return ids
 
     # provided by Registry / Lifecycle
+    clock: Any
     end_run: Any
     get: Any

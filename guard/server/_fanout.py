@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from guard.store._records import DecisionRecord
-from guard.v1 import guard_pb2 as pb
+from guard.records import DecisionRecord
+from guard.wire import directive_to_pb, envelope_to_pb
 
 __all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog"]
 
@@ -71,9 +71,9 @@ class AgentSession:
         # command_id -> (monotonic send time, record)
         self.pending: dict[int, tuple[float, DecisionRecord]] = {}
 
-    def _envelope(self) -> pb.GuardMessage:
+    def _envelope(self) -> Any:
         self._next_id += 1
-        return pb.GuardMessage(command_id=self._next_id, sent_at_unix=time.time())
+        return envelope_to_pb(self._next_id, time.time())
 
     def send(self, field: str, body: Any, record: DecisionRecord | None = None) -> int:
         """Queue one GuardMessage with ``body`` in oneof ``field``; returns its command id."""
@@ -90,26 +90,38 @@ class AgentSession:
         self.queue.put_nowait(msg)
         return msg.command_id
 
-    def directive(
+    def push(self, record: DecisionRecord, *, request_id: int = 0) -> int:
+        """Deliver a recorded decision: a ``record.action`` directive (warn, wrap_up, cancel or
+        deny) with its reason, detail, utilisation and metric. The record is written when the
+        agent acks it, or without a latency when it never does. Returns the command id."""
+        return self._directive(
+            record.action,
+            record.run_id,
+            record.reason,
+            record.detail,
+            record.utilisation,
+            record.metric,
+            record,
+            request_id,
+        )
+
+    def cancel(self, run_id: str, reason: str, detail: str) -> int:
+        """Send again a cancel that is already recorded (to an agent that re-attached, or
+        that re-registers a run the guard ended while it was away): no new record."""
+        return self._directive("cancel", run_id, reason, detail, None, None, None, 0)
+
+    def _directive(
         self,
         field: str,
-        *,
         run_id: str,
         reason: str,
         detail: str,
         utilisation: float | None,
         metric: str | None,
         record: DecisionRecord | None,
-        request_id: int = 0,
+        request_id: int,
     ) -> int:
-        body = pb.Directive(
-            run_id=run_id,
-            request_id=request_id,
-            reason=reason,
-            detail=detail,
-            utilisation=utilisation or 0.0,
-            metric=metric or "",
-        )
+        body = directive_to_pb(run_id, reason, detail, utilisation, metric, request_id)
         return self.send(field, body, record)
 
     def ack(self, command_id: int) -> float | None:

@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._decode import Decoded, Observation
     from guard.server._state import RunState
 
-__all__ = ["Ingest"]
+__all__ = ["SpanApplier", "Touched"]
 
 _AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
@@ -77,7 +77,21 @@ _BEFORE_STEP = Phase.BEFORE_STEP
 _RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
 
 
-def _flush(touched: dict[RunState, list[Any]], spent: dict[str, Usage]) -> None:
+class Touched:
+    """What one request did to one run, until the run is decided at the request's end: the
+    phase of its last counted span, the strongest loop verdict its spans produced, and the
+    tool calls (and attempts) counted but not yet recorded in its budget (see ``_flush``)."""
+
+    __slots__ = ("attempts", "phase", "tools", "verdict")
+
+    def __init__(self, phase: Phase, verdict: Any, tools: int, attempts: int) -> None:
+        self.phase = phase
+        self.verdict = verdict
+        self.tools = tools
+        self.attempts = attempts
+
+
+def _flush(touched: dict[RunState, Touched], spent: dict[str, Usage]) -> None:
     """Record the tool calls counted in ``touched`` in their runs' budgets (one call per run)
     and in their tenants' usage for this request.
 
@@ -85,42 +99,41 @@ def _flush(touched: dict[RunState, list[Any]], spent: dict[str, Usage]) -> None:
     so ``record_tool_calls`` cannot refuse them.
     """
     for run, entry in touched.items():
-        n = entry[2]
+        n = entry.tools
         if n:
-            attempts = entry[3]
+            attempts = entry.attempts
             run.budget.record_tool_calls(n, attempts=attempts)
             usage = spent[run.tenant]
             usage.tool_calls += n
             usage.tool_attempts += attempts
-            entry[2] = entry[3] = 0
+            entry.tools = entry.attempts = 0
 
 
-class Ingest:
-    """Span ingestion (mixin; expects the Registry's attributes)."""
+class SpanApplier:
+    """Applies decoded observations to the registry's runs: the fused ingest loop.
 
-    runs: dict[str, RunState]
-    by_trace: dict[bytes, RunState]
-    ended: Any
-    stats: dict[str, int]
-    tenants: Any
-    config: Any
-    max_runs: int
-    allowances: Any
+    One per registry (``registry.applier``); it owns no state of its own beyond a request
+    (kept in :class:`Touched` and a tenant -> :class:`~guard.policy.Usage` map) and reaches
+    the runs, the tenants' budgets and the decision routing through the registry.
+    """
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
         """Apply one request's observations. Returns (rejected spans, first error texts)."""
-        stats = self.stats
+        reg = self.registry
+        stats = reg.stats
         stats["spans"] += decoded.spans
         stats["observations"] += len(decoded.observations)
         rejected = decoded.rejected
         errors = decoded.errors
-        runs_get = self.runs.get
-        trace_get = self.by_trace.get
+        runs_get = reg.runs.get
+        trace_get = reg.by_trace.get
         scope = principal.tenant
-        cost_of = self.config.prices.cost_usd
-        # run -> [phase of its last span, strongest loop verdict, tool calls and attempts not
-        # yet recorded in its budget]; tenant -> summed usage
-        touched: dict[RunState, list[Any]] = {}
+        cost_of = reg.config.prices.cost_usd
+        # run -> what this request did to it (Touched); tenant -> summed usage
+        touched: dict[RunState, Touched] = {}
         spent: dict[str, Usage] = {}
         last_id: str | None = None  # consecutive spans mostly belong to the same run
         run: Any = None
@@ -128,7 +141,7 @@ class Ingest:
         # entry: consecutive spans of one run skip those lookups.
         cur: Any = None
         usage: Any = None
-        entry: list[Any] | None = None
+        entry: Touched | None = None
         for o in decoded.observations:
             run_id = o[RUN_ID]
             if run_id and run_id == last_id:
@@ -137,9 +150,9 @@ class Ingest:
                 run = runs_get(run_id)
                 last_id = None
                 if run is None:
-                    if run_id in self.ended:
+                    if run_id in reg.ended:
                         stats["late_spans"] += 1
-                        self.allowances.late_span(o, scope, spent)  # still the tenant's spend
+                        reg.budgets.late_span(o, scope, spent)  # still the tenant's spend
                         continue
                     if o[KIND] == KIND_RUN:
                         continue  # the end of a run we never tracked: nothing to decide
@@ -172,7 +185,7 @@ class Ingest:
                     usage = spent[run.tenant] = Usage()
                 entry = touched.get(run)
             kind = o[KIND]
-            if run.seq_gate is not None and kind != KIND_RUN and self._gate(run, o):
+            if run.seq_gate is not None and kind != KIND_RUN and reg._gate(run, o):
                 continue
             # The three common kinds are inlined (this loop runs once per span). Tool calls
             # are *counted* in the run's budget once per run per request (see _flush): they
@@ -199,11 +212,11 @@ class Ingest:
                 else:
                     verdict = None
                 if entry is None:
-                    entry = touched[run] = [_AFTER_TOOLS, verdict, 1, attempts]
+                    entry = touched[run] = Touched(_AFTER_TOOLS, verdict, 1, attempts)
                     continue
-                entry[0] = _AFTER_TOOLS
-                entry[2] += 1
-                entry[3] += attempts
+                entry.phase = _AFTER_TOOLS
+                entry.tools += 1
+                entry.attempts += attempts
             elif kind == KIND_STEP:
                 budget = run.budget
                 try:
@@ -225,9 +238,9 @@ class Ingest:
                 run.step_tools = 0
                 run.last_step = index
                 if entry is None:
-                    entry = touched[run] = [_BEFORE_STEP, verdict, 0, 0]
+                    entry = touched[run] = Touched(_BEFORE_STEP, verdict, 0, 0)
                     continue
-                entry[0] = _BEFORE_STEP
+                entry.phase = _BEFORE_STEP
             elif kind == KIND_MODEL:
                 if (o[FOREIGN] or o[RESP_ID] or run.seen is not None) and self._duplicate(run, o):
                     continue
@@ -267,9 +280,9 @@ class Ingest:
                 usage.reasoning_tokens += reasoning
                 usage.cached_tokens += cached
                 if entry is None:
-                    entry = touched[run] = [_AFTER_MODEL, None, 0, 0]
+                    entry = touched[run] = Touched(_AFTER_MODEL, None, 0, 0)
                 else:
-                    entry[0] = _AFTER_MODEL
+                    entry.phase = _AFTER_MODEL
                 continue
             else:
                 _flush(touched, spent)  # the run may end here: its budget must be complete
@@ -277,19 +290,28 @@ class Ingest:
                 last_id = cur = None  # the run may have ended: look it up again
                 continue
             if verdict is not None and (
-                entry[1] is None or _RANK[verdict.level] > _RANK[entry[1].level]
+                entry.verdict is None or _RANK[verdict.level] > _RANK[entry.verdict.level]
             ):
-                entry[1] = verdict
+                entry.verdict = verdict
         _flush(touched, spent)
         stats["rejected_spans"] += rejected - decoded.rejected
+        self.conclude(touched, spent)
+        return rejected, errors
+
+    def conclude(self, touched: dict[RunState, Touched], spent: dict[str, Usage]) -> None:
+        """The end of a request: add each tenant's summed usage to its windows once, then
+        decide each touched run once, with the phase of its last span and the strongest loop
+        verdict it produced (and its parents, whose budgets its spend reached)."""
+        reg = self.registry
         for tenant, usage in spent.items():
-            td = self.tenants.record(tenant, usage)
+            td = reg.budgets.record(tenant, usage)
             if td.stop:
-                self.tenant_cut(tenant, td)
+                reg.tenant_cut(tenant, td)
         if touched:
-            self.allowances.observe(touched)  # spend moves from the runs' grants to windows
-            now = self.clock()
-            for run, (phase, verdict, _, _) in touched.items():
+            reg.budgets.observe(touched)  # spend moves from the runs' grants to windows
+            now = reg.clock()
+            for run, entry in touched.items():
+                phase, verdict = entry.phase, entry.verdict
                 run.touched_at = now
                 # decide_quick() returns None only when decide() could not return anything
                 # stronger than the soft level the run already has; act() would then do
@@ -297,17 +319,16 @@ class Ingest:
                 if run.stop_reason is None:
                     d = run.budget.decide_quick(phase=phase, loop=verdict, above=run.soft.level)
                     if d is not None:
-                        self.act(run, d, verdict)
+                        reg.act(run, d, verdict)
                     if (
                         phase is _BEFORE_STEP
                         and run.stop_reason is None
                         and not run.forecast_warned
                         and _forecast_due(run, run.budget.limits)  # forecast()'s cheap gate
                     ):
-                        self.forecast(run, run.last_step)
+                        reg.forecast(run, run.last_step)
                 if run.parent is not None:
                     self._decide_parents(run, phase)
-        return rejected, errors
 
     def _foreign_refused(self) -> bool:
         """For a span naming another tenant's run: would a run nobody has be refused here?
@@ -316,25 +337,27 @@ class Ingest:
         made); this only makes the answer the same as for an unknown id, which is refused
         when the guard is at capacity with no span-only run to forget.
         """
-        return len(self.runs) >= self.max_runs and not self.span_only
+        reg = self.registry
+        return len(reg.runs) >= reg.max_runs and not reg.span_only
 
     def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
         """A span of a run that never said RunStarted: track it from its spans alone."""
-        if len(self.runs) >= self.max_runs and not self._make_room():
-            self.stats["capacity_rejections"] += 1
+        reg = self.registry
+        if len(reg.runs) >= reg.max_runs and not reg._make_room():
+            reg.stats["capacity_rejections"] += 1
             return None
         tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
             return None
         trace = o[TRACE_ID]
-        run = self._new_run(
+        run = reg._new_run(
             o[RUN_ID],
             tenant=tenant,
             agent=o[AGENT] or "",
             parent_run_id=o[PARENT_RUN] or "",  # another tenant's run is no parent (_new_run)
             trace=trace if len(trace) == 16 else b"",  # OTLP trace ids are 16 bytes
             started_at=0.0,
-            limits=self.config.effective_limits(None),
+            limits=reg.config.effective_limits(None),
             session=None,
             admitted=False,
         )
@@ -346,27 +369,30 @@ class Ingest:
         """True when this model span is a call already counted (see ``SeenCalls``); else
         remembers it. Only for foreign spans, spans with a response id, or runs that have
         seen either (the others cannot repeat a counted call)."""
+        reg = self.registry
         foreign = o[FOREIGN]
         resp = o[RESP_ID]
         seen = run.seen_calls()
         if seen.duplicate(o[SPAN_ID], o[PARENT_SPAN_ID], resp):
-            self.stats["duplicate_model_calls"] += 1
+            reg.stats["duplicate_model_calls"] += 1
             return True
         seen.add(o[SPAN_ID], o[PARENT_SPAN_ID] if foreign else b"", resp)
         if foreign:
-            self.stats["foreign_model_calls"] += 1
+            reg.stats["foreign_model_calls"] += 1
         return False
 
     def _decide_parents(self, run: RunState, phase: Phase) -> None:
+        reg = self.registry
         parent = run.parent
         while parent is not None:  # nested runs spend their parents' budgets too
-            if parent.stop_reason is None and parent.run_id in self.runs:
+            if parent.stop_reason is None and parent.run_id in reg.runs:
                 d = parent.budget.decide_quick(phase=phase, above=parent.soft.level)
                 if d is not None:
-                    self.act(parent, d)
+                    reg.act(parent, d)
             parent = parent.parent
 
     def _run_span(self, run: RunState, o: Observation) -> None:
+        reg = self.registry
         if run.connected:
             return  # RunEnded over the stream is the record
         try:
@@ -382,21 +408,10 @@ class Ingest:
             if not run.agent and o[AGENT]:
                 run.agent = o[AGENT]
             if not run.tenant and o[TENANT]:
-                self._set_tenant(run, o[TENANT])
+                reg._set_tenant(run, o[TENANT])
             return
         if run.stop_by is not None and reason in (Reason.OPERATOR_CANCEL, run.stop_reason):
             by = run.stop_by
         else:
             by = DecidedBy.SDK
-        self.end_run(run, status, reason, "from the run span (no control stream)", by)
-
-    # provided by Registry / Decisions / Rejoin
-    clock: Any
-    _gate: Any
-    _set_tenant: Any
-    act: Any
-    forecast: Any
-    tenant_cut: Any
-    end_run: Any
-    _new_run: Any
-    _make_room: Any
+        reg.end_run(run, status, reason, "from the run span (no control stream)", by)

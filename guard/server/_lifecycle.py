@@ -13,17 +13,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
-from guard.v1 import guard_pb2 as pb
+from guard.server._table import ENDED_MEMORY
+from guard.wire import record_ack_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._fanout import AgentSession
     from guard.server._state import RunState
 
-__all__ = ["ENDED_MEMORY", "Lifecycle"]
+__all__ = ["ENDED_MEMORY", "Lifecycle"]  # ENDED_MEMORY: see _table
 
 log = logging.getLogger("guard.server")
-ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
 SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
 
 
@@ -38,12 +38,13 @@ class Lifecycle:
     sessions: set[AgentSession]
     ended: Any
     stats: dict[str, int]
-    tenants: Any
+    budgets: Any
+    directory: Any
+    table: Any
     config: Any
     sink: Any
     clock: Any
     grace_s: float
-    allowances: Any
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
@@ -59,7 +60,7 @@ class Lifecycle:
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
-            self.allowances.release(run, outcome)  # keeps the tail its final usage announces
+            self.budgets.release(run, outcome)  # keeps the tail its final usage announces
             self._finish(run)
         elif outcome.run_id in self.ended:
             self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
@@ -71,7 +72,7 @@ class Lifecycle:
     def _ack_record(self, session: AgentSession | None, run_id: str) -> None:
         if session is not None:
             self.stats["records_acked"] += 1
-            session.send("record_ack", pb.RecordAck(run_id=run_id))
+            session.send("record_ack", record_ack_to_pb(run_id))
 
     def end_run(
         self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
@@ -113,34 +114,18 @@ class Lifecycle:
         return True
 
     def _remember_ended(self, run_id: str) -> None:
-        self.ended[run_id] = None
-        if len(self.ended) > ENDED_MEMORY:
-            self.ended.popitem(last=False)
+        self.table.remember_ended(run_id)
 
     def _finish(self, run: RunState) -> None:
-        self.allowances.release(run)  # every way out gives the tenant's grant back
+        self.budgets.release(run)  # every way out gives the tenant's grant back
         self._forget(run)
         if run.admitted:
-            self.tenants.run_ended(run.tenant)
+            self.budgets.run_ended(run.tenant)
             run.admitted = False
 
     def _forget(self, run: RunState) -> None:
-        rid = run.run_id
-        if run.provisional:  # the spans it held for its agent (Rejoin._gate)
-            self.provisional_spans -= len(run.seq_gate)  # type: ignore[arg-type]
-            run.seq_gate = None
-        self.runs.pop(rid, None)
-        self.detached.pop(rid, None)
-        self.span_only.pop(rid, None)
-        ids = self.by_tenant.get(run.tenant)
-        if ids is not None:
-            ids.discard(rid)
-            if not ids:
-                del self.by_tenant[run.tenant]
-        if run.trace_id and self.by_trace.get(run.trace_id) is run:
-            del self.by_trace[run.trace_id]
-        if run.session is not None:
-            run.session.runs.discard(rid)
+        self.table.forget(run)  # and the spans a provisional run held (Rejoin._gate)
+        self.directory.release(run)
 
     # -- housekeeping ----------------------------------------------------------------------
     def sweep(self, limit: int | None = None) -> bool:
@@ -169,7 +154,7 @@ class Lifecycle:
                 self._finish(run)
         for session in list(self.sessions):
             session.expire(now)
-        self.allowances.renew()
+        self.budgets.renew()
         return more
 
     def _agent_gone(self, run: RunState, why: str) -> None:

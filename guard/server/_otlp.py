@@ -88,6 +88,9 @@ def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
                         r, e = registry.ingest(decoded, principal)
                         rejected += r
                         errors.extend(e[: max(0, 5 - len(errors))])
+            # the one await point of the shared state: a replica's tenant budgets settle
+            # this request's per-tenant usage with Redis (in memory: returns at once)
+            await registry.budgets.sync()
         except GuardError as exc:
             app.export_refusals[status_for(exc).name] += 1
             await abort_for(context, exc)

@@ -7,14 +7,14 @@ period, or an operator cancel of a run whose agent cannot be reached. Every way 
 exactly one ``Outcome`` to the sink (``_ended`` de-duplicates by run id).
 
 The registry lives on the server's event loop; nothing here blocks or awaits. The span path
-(``_ingest.Ingest``), the decision path (``_decisions.Decisions``) and the ways out
-(``_lifecycle.Lifecycle``) are mixed in.
+is a part of its own (``_ingest.SpanApplier``, ``registry.applier``); the decision path
+(``_decisions.Decisions``), the ways out (``_lifecycle.Lifecycle``) and re-registration
+(``_rejoin.Rejoin``) are mixed in.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -29,19 +29,25 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
-from guard.server._allowances import Allowances
 from guard.server._auth import Principal
-from guard.server._decisions import Decisions
+from guard.server._decisions import Decisions, decision_record
+from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
-from guard.server._ingest import Ingest
+from guard.server._ingest import SpanApplier
 from guard.server._lifecycle import Lifecycle
+from guard.server._parts import (
+    DirectiveBus,
+    PartsFactory,
+    RunDirectory,
+    TenantBudgets,
+    local_parts,
+)
 from guard.server._rejoin import Rejoin
 from guard.server._state import RunState, SeqGate
 from guard.server._status import UnknownRun
-from guard.server._tenants import Tenants
-from guard.store._records import DecisionRecord
+from guard.server._table import RunTable
 from guard.v1 import guard_pb2 as pb
-from guard.wire import limits_from_pb, limits_to_pb, usage_from_pb
+from guard.wire import admit_to_pb, limits_from_pb, usage_from_pb
 
 __all__ = ["Registry"]
 
@@ -60,7 +66,7 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
-class Registry(Ingest, Decisions, Lifecycle, Rejoin):
+class Registry(Decisions, Lifecycle, Rejoin):
     """Per-run state for one guard process."""
 
     def __init__(
@@ -70,22 +76,20 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         *,
         guard_id: str,
         clock: Callable[[], float] = time.monotonic,
+        parts: PartsFactory = local_parts,
     ) -> None:
         self.config = config
         self.sink = sink
         self.guard_id = guard_id
         self.clock = clock
         self.log = DecisionLog(sink, guard_id)
-        self.tenants = Tenants(config, clock=clock)
-        self.runs: dict[str, RunState] = {}
-        self.by_trace: dict[bytes, RunState] = {}
-        self.by_tenant: dict[str, set[str]] = {}
-        self.detached: dict[str, RunState] = {}
-        self.span_only: dict[str, RunState] = {}
+        self.table = RunTable(config.guard.max_tracked_runs)
+        # read-only views of the table's maps (only RunTable changes them)
+        t = self.table
+        self.runs, self.by_trace, self.by_tenant = t.runs, t.by_trace, t.by_tenant
+        self.detached, self.span_only, self.ended = t.detached, t.span_only, t.ended
+        self.max_runs = t.max_runs
         self.sessions: set[AgentSession] = set()
-        self.ended: OrderedDict[str, None] = OrderedDict()
-        self.provisional_spans = 0  # held by provisional runs (see _rejoin)
-        self.max_runs = int(config.guard.max_tracked_runs)
         self.grace_s = float(config.guard.agent_grace_s)
         self.stats: dict[str, int] = {
             "spans": 0,
@@ -103,7 +107,23 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             "records_acked": 0,
         }
         self._tenant_cut: dict[str, float] = {}
-        self.allowances = Allowances(self)
+        self.applier = SpanApplier(self)
+        # tenant budgets, the run directory and the directive bus: in memory, or shared by
+        # replicas (see _parts); nothing else here knows which
+        chosen = parts(self)
+        self.budgets: TenantBudgets = chosen.budgets
+        self.directory: RunDirectory = chosen.directory
+        self.bus: DirectiveBus = chosen.bus
+
+    @property
+    def provisional_spans(self) -> int:
+        """Spans held by provisional runs (see ``RunTable.hold``)."""
+        return self.table.provisional_spans
+
+    def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
+        """Apply one OTLP request's observations (see :class:`SpanApplier`). Returns (rejected
+        spans, the first error texts)."""
+        return self.applier.ingest(decoded, principal)
 
     # -- admission ------------------------------------------------------------------------
     def _check_id(self, run_id: str) -> None:
@@ -123,27 +143,10 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         metric: str | None = None,
     ) -> None:
         self.stats["denied"] += 1
-        record = DecisionRecord(
-            decided_at=time.time(),
-            run_id=rs.run_id,
-            tenant=tenant,
-            agent=rs.agent,
-            action="deny",
-            reason=reason,
-            detail=detail,
-            utilisation=util,
-            metric=metric,
+        record = decision_record(
+            rs.run_id, tenant, rs.agent, "deny", reason, detail, util, metric, "guard"
         )
-        session.directive(
-            "deny",
-            run_id=rs.run_id,
-            request_id=rs.request_id,
-            reason=reason,
-            detail=detail,
-            utilisation=util,
-            metric=metric,
-            record=record,
-        )
+        session.push(record, request_id=rs.request_id)
 
     def register(
         self,
@@ -179,14 +182,10 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             self._forget(run)  # releases what it held (kept here)
         if rs.run_id in self.ended:
             if restoring:  # ended while its agent was away (agent_lost): tell it so
-                session.directive(
-                    "cancel",
-                    run_id=rs.run_id,
-                    reason=Reason.AGENT_LOST.value,
-                    detail="run was ended by the guard while its agent was disconnected",
-                    utilisation=None,
-                    metric=None,
-                    record=None,
+                session.cancel(
+                    rs.run_id,
+                    Reason.AGENT_LOST.value,
+                    "run was ended by the guard while its agent was disconnected",
                 )
             else:
                 self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
@@ -196,7 +195,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             limits_from_pb(rs.requested) if rs.HasField("requested") else None
         )
         restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
-        if len(self.runs) >= self.max_runs and not self._make_room():
+        if self.table.full() and not self._make_room():
             self.stats["capacity_rejections"] += 1
             self._deny(
                 session,
@@ -207,7 +206,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
                 f"{self.max_runs})",
             )
             return
-        verdict = self.tenants.admit(tenant)
+        verdict = self.budgets.admit(tenant)
         if verdict.stop and not restoring:
             self._deny(
                 session,
@@ -298,51 +297,29 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
             admitted=admitted,
             now=now,
         )
-        self.runs[run_id] = run
-        self.by_tenant.setdefault(tenant, set()).add(run_id)
-        if trace and trace not in self.by_trace:
-            self.by_trace[trace] = run  # the outermost run of a trace owns foreign spans
+        self.table.add(run, span_only=session is None)
         if session is not None:
-            session.runs.add(run_id)
-        else:
-            self.span_only[run_id] = run
+            self.directory.claim(run, session)
         return run
 
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
-        self.allowances.on_admit(run, session)  # the run's ceilings arrive before its Admit
-        body = pb.Admit(
-            run_id=run.run_id,
-            request_id=request_id,
-            effective=limits_to_pb(run.budget.limits),
-            price_book_version=self.config.prices.version or "",
-        )
-        session.send("admit", body)
+        self.budgets.on_admit(run, session)  # the run's ceilings arrive before its Admit
+        version = self.config.prices.version or ""
+        session.send("admit", admit_to_pb(run.run_id, request_id, run.budget.limits, version))
 
     def _attach(self, run: RunState, session: AgentSession) -> None:
-        if run.session is not None and run.session is not session:
-            run.session.runs.discard(run.run_id)
-        run.session = session
+        self.directory.claim(run, session)
         run.detached_at = None
         run.touched_at = self.clock()
-        self.detached.pop(run.run_id, None)
-        self.span_only.pop(run.run_id, None)
-        session.runs.add(run.run_id)
+        self.table.attached(run)
         if run.stop_reason is not None:  # a cancel it may have missed while away
-            session.directive(
-                "cancel",
-                run_id=run.run_id,
-                reason=run.stop_reason.value,
-                detail=run.stop_detail,
-                utilisation=None,
-                metric=None,
-                record=None,
-            )
+            session.cancel(run.run_id, run.stop_reason.value, run.stop_detail)
 
     def _make_room(self) -> bool:
         """At the cap: forget the stalest span-only run (it has no agent to answer to)."""
-        if not self.span_only:
+        stalest = self.table.stalest_span_only()
+        if stalest is None:
             return False
-        stalest = min(self.span_only.values(), key=lambda r: r.touched_at)
         self._forget(stalest)
         return True
 
@@ -371,8 +348,7 @@ class Registry(Ingest, Decisions, Lifecycle, Rejoin):
         for run_id in list(session.runs):
             run = self.runs.get(run_id)
             if run is not None and run.session is session:
-                run.detached_at = now
-                self.detached[run_id] = run
+                self.table.detach(run, now)
         session.runs.clear()
 
     def ack(self, session: AgentSession, ack: pb.Ack) -> None:

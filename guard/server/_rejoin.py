@@ -16,18 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Reason
 from guard.server._decode import SEQ, TENANT, Decoded
+from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._decode import Observation
     from guard.server._state import RunState
 
-__all__ = ["PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "Rejoin"]
+__all__ = ["PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "Rejoin"]  # caps: see _table
 
-PROVISIONAL_SPANS_MAX = 256  # spans a provisional run keeps until its agent registers it
-# ... and all provisional runs together (~330 B each: ~65 MB), so numbered spans of made-up
-# run ids cannot grow the guard without bound
-PROVISIONAL_SPANS_TOTAL = 200_000
 _MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that many)
 _MAX_ID = 256
 
@@ -36,11 +33,11 @@ class Rejoin:
     """Re-registration and provisional runs (mixin; expects the Registry's attributes)."""
 
     runs: dict[str, RunState]
-    provisional_spans: int  # spans held by all provisional runs (Lifecycle._forget releases)
+    table: Any
     by_tenant: dict[str, set[str]]
     ended: Any
     stats: dict[str, int]
-    tenants: Any
+    budgets: Any
     clock: Any
     ingest: Any
     stop_run: Any
@@ -56,7 +53,7 @@ class Rejoin:
         run.tokens_used = u.input_tokens + u.output_tokens
         run.cost_used = u.cost_usd or 0.0
         if run.parent is None:
-            self.tenants.record(run.tenant, u)
+            self.budgets.record(run.tenant, u)
 
     def _adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
         """The agent registered a run that spans had created first (provisional): count the
@@ -97,13 +94,7 @@ class Rejoin:
             run.touched_at = self.clock()
             if not run.tenant and o[TENANT]:
                 self._set_tenant(run, o[TENANT])
-            if (
-                len(gate) < PROVISIONAL_SPANS_MAX
-                and self.provisional_spans < PROVISIONAL_SPANS_TOTAL
-            ):
-                gate.append(o)
-                self.provisional_spans += 1
-            else:
+            if not self.table.hold(gate, o):
                 self.stats["provisional_spans_dropped"] += 1
             return True
         seq = o[SEQ]
@@ -114,10 +105,4 @@ class Rejoin:
 
     def _set_tenant(self, run: RunState, tenant: str) -> None:
         """A provisional run learns its tenant from a later span (a step span carries it)."""
-        ids = self.by_tenant.get(run.tenant)
-        if ids is not None:
-            ids.discard(run.run_id)
-            if not ids:
-                del self.by_tenant[run.tenant]
-        run.tenant = tenant
-        self.by_tenant.setdefault(tenant, set()).add(run.run_id)
+        self.table.set_tenant(run, tenant)

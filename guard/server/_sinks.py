@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from guard.policy import Outcome
-from guard.store._records import DecisionRecord
+from guard.records import DecisionRecord
 
 __all__ = ["MemorySink", "NullSink"]
 

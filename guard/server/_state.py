@@ -174,7 +174,7 @@ class RunState:
         self.stop_by: Any = None  # DecidedBy
         self.loop_warned = False
         self.forecast_warned = False
-        # Spans numbered by the SDK (guard.seq), see _ingest.Ingest._gate: None = count every
+        # Spans numbered by the SDK (guard.seq), see _rejoin.Rejoin._gate: None = count every
         # span; a SeqGate = a re-registered run (spans numbered <= the snapshot's span_seq are
         # in the restored usage; each later one counts once); a list = *provisional*: an
         # implicit run whose agent has a control stream and has not (re-)registered it yet;

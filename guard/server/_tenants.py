@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.policy import CONTINUE, Decision, PolicyConfig, TenantBudget, Usage
-from guard.v1 import guard_pb2 as pb
+from guard.wire import tenant_budget_to_pb
 
 __all__ = ["Tenants"]
 
@@ -81,17 +81,17 @@ class Tenants:
         names = set(self._budgets) | set(self._config.tenants)
         return sorted(names)
 
-    def to_pb(self, tenant: str) -> pb.TenantBudget:
+    def to_pb(self, tenant: str) -> Any:
+        """``guard.v1.TenantBudget`` of the tenant (see ``wire.tenant_budget_to_pb``)."""
         tb = self._get(tenant)
-        msg = pb.TenantBudget(tenant=tenant)
         if tb is None:
-            return msg
+            return tenant_budget_to_pb(tenant)
         now = self._clock()
         limits: Any = self._config.tenant_limits(tenant)
-        msg.live_runs = max(0, int(tb.live_runs))
-        if limits.max_concurrent_runs is not None:
-            msg.max_concurrent_runs = int(limits.max_concurrent_runs)
-        for metric, window_s, used, limit in tb.status(now):
-            msg.windows.add(metric=metric, window_s=window_s, used=used, limit=limit)
-        msg.exhausted = tb.exhausted(now) is not None
-        return msg
+        return tenant_budget_to_pb(
+            tenant,
+            live_runs=tb.live_runs,
+            max_concurrent_runs=limits.max_concurrent_runs,
+            windows=tb.status(now),
+            exhausted=tb.exhausted(now) is not None,
+        )

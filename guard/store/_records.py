@@ -1,44 +1,8 @@
-"""Records the guard hands to the store. Pure data; the store owns their table mapping."""
+"""Compatibility: the records moved to :mod:`guard.records` (the server must not load the
+store to build them); the store and its callers keep importing them from here."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
-
-from guard.policy._types import Outcome
+from guard.records import DecisionRecord, RecordSink
 
 __all__ = ["DecisionRecord", "RecordSink"]
-
-
-@dataclass(slots=True)
-class DecisionRecord:
-    """One warn, wrap_up, cancel or deny the guard issued (one row of ``otel_guard.decisions``).
-
-    ``delivery_latency_ms`` is command sent -> ack received; ``None`` when never acked
-    (the agent was gone, or the command was not deliverable).
-    """
-
-    decided_at: float  # Unix seconds
-    run_id: str
-    tenant: str
-    agent: str
-    action: str  # warn | wrap_up | cancel | deny
-    reason: str  # a stop-taxonomy reason
-    detail: str = ""
-    utilisation: float | None = None
-    metric: str | None = None
-    command_id: int = 0
-    decided_by: str = "guard"  # guard | operator
-    delivery_latency_ms: float | None = None
-    guard_id: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class RecordSink(Protocol):
-    """Where the guard sends termination and decision records. Must never block or raise."""
-
-    def write_run(self, outcome: Outcome) -> None: ...
-
-    def write_decision(self, record: DecisionRecord) -> None: ...

@@ -355,9 +355,9 @@ def violations(registry: Registry) -> list[str]:
         counts = (u.steps, u.model_calls, u.tool_calls, u.input_tokens, u.output_tokens)
         if min(counts) < 0 or _bad_number(u.cost_usd) or _bad_number(run.cost_used):
             out.append(f"run {run.run_id[:40]!r}: usage {u}")
-    tenants = registry.tenants
-    for name in tenants.known():
-        for w in tenants.to_pb(name).windows:
+    budgets = registry.budgets
+    for name in budgets.known():
+        for w in budgets.status(name).windows:
             if not math.isfinite(w.used):
                 out.append(f"tenant {name!r}: window {w.metric} used={w.used}")
     return out

@@ -54,7 +54,7 @@ async def test_the_admit_brings_a_chunk_and_requests_never_oversell(srv):
         await a.start_run("r2", trace_id_of(2))  # its own chunk: 0.1
         got = await _request(a, "r1", 7, 0.7)
         assert got.max_cost_usd == pytest.approx(0.8) and not got.exhausted
-        led = srv.registry.allowances.ledger("acme")
+        led = srv.registry.budgets.allowances.ledger("acme")
         assert led.outstanding()[0] == pytest.approx(0.9)
         over = await _request(a, "r2", 8, 0.2)  # 0.1 left to grant
         assert over.exhausted and "0.1 left to grant" in over.detail
@@ -67,7 +67,7 @@ async def test_the_admit_brings_a_chunk_and_requests_never_oversell(srv):
 async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
     a = Agent(srv.address)
     await a.connect()
-    led = srv.registry.allowances.ledger("acme")
+    led = srv.registry.budgets.allowances.ledger("acme")
     try:
         await a.start_run("r1", trace_id_of(1))
         await _request(a, "r1", 1, 0.4)  # ceiling 0.5
@@ -90,8 +90,8 @@ async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
 async def test_spans_after_the_run_ended_still_count_and_consume_its_tail(srv):
     a = Agent(srv.address)
     await a.connect()
-    led = srv.registry.allowances.ledger("acme")
-    tb = srv.registry.tenants.budget("acme")
+    led = srv.registry.budgets.allowances.ledger("acme")
+    tb = srv.registry.budgets.budget("acme")
     try:
         await a.start_run("r1", trace_id_of(1))
         await _request(a, "r1", 1, 0.4)
@@ -136,7 +136,7 @@ async def test_another_tenants_run_is_answered_like_an_unknown_one(sink, monkeyp
         await globex.connect()
         try:
             await acme.start_run("a1", trace_id_of(1))
-            led = s.registry.allowances.ledger("acme")
+            led = s.registry.budgets.allowances.ledger("acme")
             before = led.outstanding()
             got = await _request(globex, "a1", 5, 0.5)
             unknown = await _request(globex, "nope", 6, 0.5)

@@ -136,7 +136,7 @@ async def test_huge_costs_never_reach_a_window(sink):
         )
         assert resp.partial_success.rejected_spans == 2
         assert "USD per span" in resp.partial_success.error_message
-        window = srv.registry.tenants.to_pb("acme").windows[0]
+        window = srv.registry.budgets.status("acme").windows[0]
         assert window.used == 0.0
         assert srv.registry.runs["c1"].budget.usage().cost_usd in (None, 0.0)
         # the next run of the tenant is admitted, not "cost_usd inf reached its limit"
@@ -166,7 +166,7 @@ async def test_foreign_span_in_another_tenants_trace_is_not_a_type_error(sink):
         assert resp.partial_success.rejected_spans == 0
         assert srv.registry.runs["a1"].budget.usage().input_tokens == 0
         assert srv.registry.runs["g1"].budget.usage().input_tokens == 7
-        assert srv.registry.tenants.to_pb("globex").tenant == "globex"
+        assert srv.registry.budgets.status("globex").tenant == "globex"
         for a in (acme, globex):
             await a.close()
 

@@ -48,7 +48,7 @@ def _snapshot(srv: GuardServer, sink: Any, b: Agent) -> Any:
     records = [(o.run_id, o.tenant, o.status, o.reason) for o in sink.runs if o.tenant == "globex"]
     decisions = [(d.run_id, d.action) for d in sink.decisions if d.tenant == "globex"]
     told = [m.WhichOneof("body") for m in b.messages]
-    window = srv.registry.tenants.to_pb("globex")
+    window = srv.registry.budgets.status("globex")
     return runs, records, decisions, told, [(w.metric, w.used) for w in window.windows]
 
 

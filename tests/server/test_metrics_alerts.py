@@ -73,7 +73,11 @@ async def test_every_metric_and_label_in_the_rules_is_exported(tmp_path):
             redis.fail_open(True)
             got = await scrape_until(
                 srv.metrics.address,
-                lambda s: s.value("otel_guard_decision_delivery_latency_seconds_count") is not None,
+                # the loop-lag histogram appears with the monitor's first sample after start
+                lambda s: (
+                    s.value("otel_guard_decision_delivery_latency_seconds_count") is not None
+                    and s.value("otel_guard_loop_lag_seconds_count") is not None
+                ),
             )
             await agent.close()
     labels_of: dict[str, set[str]] = {}

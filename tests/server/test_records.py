@@ -189,9 +189,9 @@ async def guard_call(fn, *args, **kw):
 
 
 async def test_provisional_spans_are_bounded_in_total(sink, guard, monkeypatch):
-    from guard.server import _rejoin
+    from guard.server import _table
 
-    monkeypatch.setattr(_rejoin, "PROVISIONAL_SPANS_TOTAL", 3)
+    monkeypatch.setattr(_table, "PROVISIONAL_SPANS_TOTAL", 3)
     reg = guard.registry
     agent = Agent(guard.address)
     await agent.export(*_numbered("m1", trace_id_of(9), range(1, 5)))

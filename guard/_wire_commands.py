@@ -1,0 +1,154 @@
+"""Conversions for the guard's own messages: its commands to agents and its admin answers.
+
+Part of :mod:`guard.wire` (which re-exports every name here); kept apart so each stays small.
+The server builds ``guard.v1`` messages only through these functions: an ``Admit``, a
+``Directive`` (warn, wrap_up, cancel, deny), an ``Allowance``, a ``RecordAck``, the
+``Welcome``, a ``RunStatus`` and a ``TenantBudget``. Unknown (``None``) travels as the
+proto's zero value where the field is not ``optional``, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guard.policy._types import Limits, Usage
+from guard.v1 import guard_pb2 as pb
+
+__all__ = [
+    "admit_to_pb",
+    "allowance_to_pb",
+    "directive_to_pb",
+    "envelope_to_pb",
+    "record_ack_to_pb",
+    "run_status_to_pb",
+    "tenant_budget_to_pb",
+    "welcome_to_pb",
+]
+
+_MAX_TOKENS = float(2**53)  # an allowance's token ceiling is clamped to what an int64 holds
+
+
+def envelope_to_pb(command_id: int, sent_at_unix: float) -> pb.GuardMessage:
+    """An empty ``GuardMessage`` with its command id; the caller sets one body."""
+    return pb.GuardMessage(command_id=command_id, sent_at_unix=sent_at_unix)
+
+
+def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version: str) -> Any:
+    from guard.wire import limits_to_pb
+
+    return pb.Admit(
+        run_id=run_id,
+        request_id=request_id,
+        effective=limits_to_pb(effective),
+        price_book_version=price_book_version,
+    )
+
+
+def directive_to_pb(
+    run_id: str,
+    reason: str,
+    detail: str,
+    utilisation: float | None,
+    metric: str | None,
+    request_id: int = 0,
+) -> pb.Directive:
+    return pb.Directive(
+        run_id=run_id,
+        request_id=request_id,
+        reason=reason,
+        detail=detail,
+        utilisation=utilisation or 0.0,
+        metric=metric or "",
+    )
+
+
+def allowance_to_pb(
+    run_id: str,
+    *,
+    request_id: int = 0,
+    ttl_s: float = 0.0,
+    exhausted: bool = False,
+    detail: str = "",
+    max_cost_usd: float | None = None,
+    max_tokens: float | None = None,
+) -> pb.Allowance:
+    """An allowance; ``ttl_s=0`` (the default) tells the SDK it has none (unknown run)."""
+    msg = pb.Allowance(
+        run_id=run_id, request_id=request_id, ttl_s=ttl_s, exhausted=exhausted, detail=detail
+    )
+    if max_cost_usd is not None:
+        msg.max_cost_usd = max_cost_usd
+    if max_tokens is not None:
+        msg.max_tokens = int(min(max_tokens, _MAX_TOKENS))
+    return msg
+
+
+def record_ack_to_pb(run_id: str) -> pb.RecordAck:
+    return pb.RecordAck(run_id=run_id)
+
+
+def welcome_to_pb(
+    guard_id: str, session_id: str, heartbeat_interval_ms: int, agent_grace_s: int, policy: Any
+) -> pb.Welcome:
+    return pb.Welcome(
+        guard_id=guard_id,
+        session_id=session_id,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        agent_grace_s=agent_grace_s,
+        policy=policy,
+    )
+
+
+def run_status_to_pb(
+    *,
+    run_id: str,
+    parent_run_id: str,
+    tenant: str,
+    agent: str,
+    process_id: str,
+    usage: Usage,
+    limits: Limits,
+    elapsed_s: float,
+    utilisation: float | None,
+    metric: str | None,
+    state: str,
+    connected: bool,
+) -> pb.RunStatus:
+    from guard.wire import limits_to_pb, usage_to_pb
+
+    return pb.RunStatus(
+        run_id=run_id,
+        parent_run_id=parent_run_id,
+        tenant=tenant,
+        agent=agent,
+        process_id=process_id,
+        usage=usage_to_pb(usage),
+        limits=limits_to_pb(limits),
+        elapsed_s=elapsed_s,
+        utilisation=utilisation or 0.0,
+        metric=metric or "",
+        state=state,
+        connected=connected,
+    )
+
+
+def tenant_budget_to_pb(
+    tenant: str,
+    *,
+    live_runs: int | None = None,
+    max_concurrent_runs: int | None = None,
+    windows: Any = (),
+    exhausted: bool = False,
+) -> pb.TenantBudget:
+    """``windows``: (metric, window_s, used, limit) tuples. ``live_runs=None``: a tenant the
+    guard does not track (beyond the tenants cap): only its name."""
+    msg = pb.TenantBudget(tenant=tenant)
+    if live_runs is None:
+        return msg
+    msg.live_runs = max(0, int(live_runs))
+    if max_concurrent_runs is not None:
+        msg.max_concurrent_runs = int(max_concurrent_runs)
+    for metric, window_s, used, limit in windows:
+        msg.windows.add(metric=metric, window_s=window_s, used=used, limit=limit)
+    msg.exhausted = exhausted
+    return msg

@@ -1,0 +1,120 @@
+"""The run table: every run this guard tracks, and the indexes over them.
+
+One :class:`RunTable` per registry. It owns the maps (by run id, by trace, by tenant; the
+detached and span-only runs), the capacity (``max_tracked_runs``), the bounded memory of
+ended run ids, and the count of spans that provisional runs hold; every change to them goes
+through its methods, so the indexes always agree. Readers may look at the maps (read-only
+``Mapping`` views by convention: the span path reads ``runs`` and ``by_trace`` once per
+span). Nothing here decides, delivers or writes a record.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._decode import Observation
+    from guard.server._state import RunState
+
+__all__ = ["ENDED_MEMORY", "PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "RunTable"]
+
+ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
+PROVISIONAL_SPANS_MAX = 256  # spans a provisional run keeps until its agent registers it
+# ... and all provisional runs together (~330 B each: ~65 MB), so numbered spans of made-up
+# run ids cannot grow the guard without bound
+PROVISIONAL_SPANS_TOTAL = 200_000
+
+
+class RunTable:
+    """The tracked runs of one guard and their indexes (see the module docstring)."""
+
+    def __init__(self, max_runs: int) -> None:
+        self.max_runs = int(max_runs)
+        self.runs: dict[str, RunState] = {}
+        self.by_trace: dict[bytes, RunState] = {}  # the outermost run of each trace
+        self.by_tenant: dict[str, set[str]] = {}
+        self.detached: dict[str, RunState] = {}  # agent stream dropped, within the grace
+        self.span_only: dict[str, RunState] = {}  # no control stream (or not yet)
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        self.provisional_spans = 0  # spans held by all provisional runs
+
+    # -- admission -----------------------------------------------------------------------
+    def full(self) -> bool:
+        """At ``max_tracked_runs``: a new run needs room first (:meth:`stalest_span_only`)."""
+        return len(self.runs) >= self.max_runs
+
+    def stalest_span_only(self) -> RunState | None:
+        """The span-only run silent the longest: the one to forget at the cap (it has no
+        agent to answer to). ``None`` when there is none."""
+        if not self.span_only:
+            return None
+        return min(self.span_only.values(), key=lambda r: r.touched_at)
+
+    # -- in and out -----------------------------------------------------------------------
+    def add(self, run: RunState, *, span_only: bool) -> None:
+        """Index a new run (the first run of a trace owns its foreign spans)."""
+        rid = run.run_id
+        self.runs[rid] = run
+        self.by_tenant.setdefault(run.tenant, set()).add(rid)
+        trace = run.trace_id
+        if trace and trace not in self.by_trace:
+            self.by_trace[trace] = run
+        if span_only:
+            self.span_only[rid] = run
+
+    def forget(self, run: RunState) -> None:
+        """Drop a run from every index, and the spans it held if it was provisional."""
+        rid = run.run_id
+        if run.provisional:
+            self.provisional_spans -= len(run.seq_gate)  # type: ignore[arg-type]
+            run.seq_gate = None
+        self.runs.pop(rid, None)
+        self.detached.pop(rid, None)
+        self.span_only.pop(rid, None)
+        self._untenant(run)
+        if run.trace_id and self.by_trace.get(run.trace_id) is run:
+            del self.by_trace[run.trace_id]
+
+    def set_tenant(self, run: RunState, tenant: str) -> None:
+        """A provisional run learns its tenant from a later span."""
+        self._untenant(run)
+        run.tenant = tenant
+        self.by_tenant.setdefault(tenant, set()).add(run.run_id)
+
+    def _untenant(self, run: RunState) -> None:
+        ids = self.by_tenant.get(run.tenant)
+        if ids is not None:
+            ids.discard(run.run_id)
+            if not ids:
+                del self.by_tenant[run.tenant]
+
+    def attached(self, run: RunState) -> None:
+        """Its agent's stream holds it now: neither detached nor span-only."""
+        self.detached.pop(run.run_id, None)
+        self.span_only.pop(run.run_id, None)
+
+    def detach(self, run: RunState, now: float) -> None:
+        """Its agent's stream dropped at ``now`` (monotonic): the grace period starts."""
+        run.detached_at = now
+        self.detached[run.run_id] = run
+
+    # -- ended ids ------------------------------------------------------------------------
+    def remember_ended(self, run_id: str) -> None:
+        self.ended[run_id] = None
+        if len(self.ended) > ENDED_MEMORY:
+            self.ended.popitem(last=False)
+
+    # -- provisional runs -------------------------------------------------------------------
+    def hold(self, gate: list[Any], o: Observation) -> bool:
+        """Keep a span for a provisional run's registration; False when the caps are hit."""
+        if len(gate) < PROVISIONAL_SPANS_MAX and self.provisional_spans < PROVISIONAL_SPANS_TOTAL:
+            gate.append(o)
+            self.provisional_spans += 1
+            return True
+        return False
+
+    def tenant_runs(self, tenant: str) -> list[RunState]:
+        """The live runs of ``tenant``."""
+        runs = self.runs
+        return [runs[i] for i in self.by_tenant.get(tenant, ()) if i in runs]
