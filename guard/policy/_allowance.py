@@ -31,10 +31,20 @@ from dataclasses import dataclass
 from guard.errors import InvalidInput
 from guard.policy._rolling import TenantBudget
 
-__all__ = ["ALLOWANCE_METRICS", "AllowanceGrant", "TenantAllowances"]
+__all__ = ["ALLOWANCE_METRICS", "AllowanceGrant", "TenantAllowances", "short_of_grant"]
 
 ALLOWANCE_METRICS = ("cost_usd", "tokens")
 _EPS = 1e-12
+
+
+def short_of_grant(
+    tenant: str, metric: str, need: float, available: float, limit: float, used: float, out: float
+) -> str:
+    """Why a grant was refused: the detail every guard gives for an exhausted allowance."""
+    return (
+        f"tenant {tenant}: {metric} needs {need:g} more, {available:g} left to grant "
+        f"(limit {limit:g}, used+held {used:g}, granted to live runs {out:g})"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +148,14 @@ class TenantAllowances:
                         run_id,
                         *self._ceilings_locked(e),
                         exhausted=True,
-                        detail=(
-                            f"tenant {self.budget.tenant}: {metric} needs {need[i]:g} more, "
-                            f"{available:g} left to grant (limit {limits[i]:g}, used+held "
-                            f"{limits[i] - h:g}, granted to live runs {self._out[i]:g})"
+                        detail=short_of_grant(
+                            self.budget.tenant,
+                            metric,
+                            need[i],
+                            available,
+                            limits[i],
+                            limits[i] - h,
+                            self._out[i],
                         ),
                     )
                 chunk = min(limits[i] * self.fraction, available / sharers)

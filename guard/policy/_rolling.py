@@ -34,6 +34,10 @@ __all__ = [
     "TenantBudget",
     "TenantLimits",
     "TenantReservation",
+    "concurrency_reached",
+    "nothing_to_grant",
+    "tenant_stop",
+    "window_reached",
 ]
 
 ROLLING_METRICS = (
@@ -52,6 +56,45 @@ WINDOW_CAP = 1e300  # a window's buckets and total saturate here, never reach in
 
 def _saturate(x: float) -> float:
     return x if -WINDOW_CAP <= x <= WINDOW_CAP else math.copysign(WINDOW_CAP, x)
+
+
+def tenant_stop(metric: str, utilisation: float | None, message: str) -> Decision:
+    """STOP / tenant_budget with ``message``: every tenant-budget refusal is one of these."""
+    reason = Reason.TENANT_BUDGET
+    return Decision(Action.STOP, REASON_STATUS[reason], reason, utilisation, metric, message)
+
+
+def window_reached(
+    tenant: str, metric: str, used: float, limit: float, window_s: float | None
+) -> Decision:
+    """A rolling window of ``tenant`` is reached (the message every guard gives for it)."""
+    span = f" per {window_s:g}s" if window_s is not None else ""
+    return tenant_stop(
+        metric,
+        used / limit if limit else None,
+        f"tenant {tenant}: {metric} {used:g} reached its limit {limit:g}{span}",
+    )
+
+
+def concurrency_reached(tenant: str, live_runs: int, cap: int) -> Decision:
+    """``tenant`` has ``max_concurrent_runs`` live runs already."""
+    return tenant_stop(
+        "concurrent_runs",
+        live_runs / cap if cap else None,
+        f"tenant {tenant}: max_concurrent_runs {cap} reached (live_runs={live_runs})",
+    )
+
+
+def nothing_to_grant(
+    tenant: str, metric: str, left: float, need: float, granted: float
+) -> Decision:
+    """Less of ``metric`` is left to grant than a run of ``tenant`` last needed."""
+    return tenant_stop(
+        metric,
+        None,
+        f"tenant {tenant}: {metric} has {left:g} left to grant, less than the {need:g} a "
+        f"run last needed (granted to live runs {granted:g})",
+    )
 
 
 class RollingWindow:
@@ -211,17 +254,6 @@ class TenantBudget:
                 return (r.metric, used, r.limit)
         return None
 
-    def _deny(self, metric: str, used: float, limit: float, window_s: float | None) -> Decision:
-        span = f" per {window_s:g}s" if window_s is not None else ""
-        return Decision(
-            Action.STOP,
-            REASON_STATUS[Reason.TENANT_BUDGET],
-            Reason.TENANT_BUDGET,
-            used / limit if limit else None,
-            metric,
-            f"tenant {self.tenant}: {metric} {used:g} reached its limit {limit:g}{span}",
-        )
-
     def _window_of(self, metric: str) -> float | None:
         for r in self.limits.rolling:
             if r.metric == metric:
@@ -233,18 +265,10 @@ class TenantBudget:
         with self._lock:
             cap = self.limits.max_concurrent_runs
             if cap is not None and self.live_runs >= cap:
-                return Decision(
-                    Action.STOP,
-                    REASON_STATUS[Reason.TENANT_BUDGET],
-                    Reason.TENANT_BUDGET,
-                    self.live_runs / cap if cap else None,
-                    "concurrent_runs",
-                    f"tenant {self.tenant}: max_concurrent_runs {cap} reached "
-                    f"(live_runs={self.live_runs})",
-                )
+                return concurrency_reached(self.tenant, self.live_runs, cap)
             hit = self._exhausted_locked(now)
             if hit is not None:
-                return self._deny(*hit, self._window_of(hit[0]))
+                return window_reached(self.tenant, *hit, self._window_of(hit[0]))
             short = self._nothing_to_grant_locked(now)
             if short is not None:
                 return short
@@ -262,15 +286,7 @@ class TenantBudget:
                 continue
             left = max(0.0, h - self._granted[j])
             if left < need:
-                return Decision(
-                    Action.STOP,
-                    REASON_STATUS[Reason.TENANT_BUDGET],
-                    Reason.TENANT_BUDGET,
-                    None,
-                    metric,
-                    f"tenant {self.tenant}: {metric} has {left:g} left to grant, less than the "
-                    f"{need:g} a run last needed (granted to live runs {self._granted[j]:g})",
-                )
+                return nothing_to_grant(self.tenant, metric, left, need, self._granted[j])
         return None
 
     def run_ended(self) -> None:
@@ -286,7 +302,7 @@ class TenantBudget:
                     self._windows[i].add(now, v)
             hit = self._exhausted_locked(now)
         if hit is not None:
-            return self._deny(*hit, self._window_of(hit[0]))
+            return window_reached(self.tenant, *hit, self._window_of(hit[0]))
         return CONTINUE
 
     def reserve(self, now: float, *, cost_usd: float = 0.0, tokens: int = 0) -> TenantReservation:

@@ -48,14 +48,13 @@ from typing import Any
 from guard.errors import InvalidInput
 from guard.policy import (
     CONTINUE,
-    REASON_STATUS,
-    Action,
     AllowanceGrant,
     Decision,
-    Reason,
     TenantLimits,
     Usage,
 )
+from guard.policy._allowance import short_of_grant
+from guard.policy._rolling import concurrency_reached, nothing_to_grant, window_reached
 from guard.server._redis._client import Call, StateClient
 
 __all__ = ["RecordBatch", "RedisTenantBudgets", "TenantStatus"]
@@ -75,11 +74,6 @@ def _finite(v: float) -> float:
     if not math.isfinite(v) or v < 0:
         raise InvalidInput(f"allowance amounts must be finite and >= 0, got {v!r}")
     return v
-
-
-def _stop(metric: str, util: float | None, message: str) -> Decision:
-    reason = Reason.TENANT_BUDGET
-    return Decision(Action.STOP, REASON_STATUS[reason], reason, util, metric, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +181,7 @@ class RedisTenantBudgets:
     def _window_decision(self, tenant: str, r: Sequence[str]) -> Decision:
         lim = self._spec(tenant).limits
         rl = lim.rolling[int(r[1]) - 1]
-        used, limit = float(r[2]), float(r[3])
-        return _stop(
-            rl.metric,
-            used / limit if limit else None,
-            f"tenant {tenant}: {rl.metric} {used:g} reached its limit {limit:g} "
-            f"per {rl.window_s:g}s",
-        )
+        return window_reached(tenant, rl.metric, float(r[2]), float(r[3]), rl.window_s)
 
     def _grant(self, tenant: str, run_id: str, r: Sequence[str]) -> AllowanceGrant:
         has = self._spec(tenant).has
@@ -201,10 +189,7 @@ class RedisTenantBudgets:
         if r[0] != "x":
             return AllowanceGrant(run_id, *c)
         i, need, available, limit, used, out = (float(x) for x in r[3:9])
-        detail = (
-            f"tenant {tenant}: {_METRICS[int(i) - 1]} needs {need:g} more, {available:g} left "
-            f"to grant (limit {limit:g}, used+held {used:g}, granted to live runs {out:g})"
-        )
+        detail = short_of_grant(tenant, _METRICS[int(i) - 1], need, available, limit, used, out)
         return AllowanceGrant(run_id, *c, exhausted=True, detail=detail)
 
     # -- runs ----------------------------------------------------------------------------------
@@ -216,22 +201,11 @@ class RedisTenantBudgets:
         if r[0] == "ok":
             return CONTINUE
         if r[0] == "c":
-            live, cap = int(float(r[1])), int(float(r[2]))
-            return _stop(
-                "concurrent_runs",
-                live / cap if cap else None,
-                f"tenant {tenant}: max_concurrent_runs {cap} reached (live_runs={live})",
-            )
+            return concurrency_reached(tenant, int(float(r[1])), int(float(r[2])))
         if r[0] == "w":
             return self._window_decision(tenant, r)
         j, left, need, granted = int(r[1]), float(r[2]), float(r[3]), float(r[4])
-        metric = _METRICS[j - 1]
-        return _stop(
-            metric,
-            None,
-            f"tenant {tenant}: {metric} has {left:g} left to grant, less than the {need:g} a "
-            f"run last needed (granted to live runs {granted:g})",
-        )
+        return nothing_to_grant(tenant, _METRICS[j - 1], left, need, granted)
 
     async def run_ended(self, tenant: str, run_id: str) -> None:
         """Free the run's slot (idempotent)."""
