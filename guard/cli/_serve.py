@@ -2,7 +2,8 @@
 
 The policy file (``--config guard.yaml``, DESIGN §3.3b) is loaded with PyYAML and validated by
 ``PolicyConfig.from_dict``. Records go to the embedded ClickHouse under ``--data-dir`` unless
-``--clickhouse DSN`` is given; ``--no-store`` runs without one. SIGTERM/SIGINT drain within
+``--clickhouse DSN`` is given; ``--no-store`` runs without one. ``--redis URL`` (or
+``OTEL_GUARD_REDIS_URL``) makes the guard one replica of several (DESIGN §3.6). SIGTERM/SIGINT drain within
 ``--drain-s`` seconds (default 10; the Helm chart's terminationGracePeriodSeconds is 15).
 
 The guard's own metrics are off unless ``--metrics-listen`` (a Prometheus scrape endpoint)
@@ -50,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("OTEL_GUARD_ID") or None,
         help="this replica's id in records and metrics (env OTEL_GUARD_ID; default: "
         "hostname plus a random suffix)",
+    )
+    parser.add_argument(
+        "--redis",
+        default=os.environ.get("OTEL_GUARD_REDIS_URL") or None,
+        metavar="URL",
+        help="redis://HOST:PORT/DB or rediss://…: this guard is one replica of several that "
+        "share tenant budgets, the run directory and directives through Redis (env "
+        "OTEL_GUARD_REDIS_URL; default: one process, state in memory)",
     )
     parser.add_argument(
         "--metrics-listen",
@@ -154,6 +163,7 @@ async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:
         drain_s=args.drain_s,
         guard_id=args.guard_id,
         metrics=metrics_settings(args, config),
+        redis_url=args.redis,
     )
     await server.start()
     from guard.server._gc import bound_gc_pauses

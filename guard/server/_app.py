@@ -72,6 +72,20 @@ class TlsFiles:
     client_ca: str | None = None
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(url: str) -> str:
+    """A ``--redis`` URL, checked before anything connects (the password is never echoed)."""
+    if not url.startswith(_REDIS_SCHEMES) or len(url) > 2048 or not url.isprintable():
+        shown = url.split("://", 1)[0] if "://" in url else url[:20]
+        raise ConfigError(
+            f"--redis must be a redis://, rediss:// or unix:// URL, got {shown!r}…",
+            path="redis",
+        )
+    return url
+
+
 def is_loopback(listen: str) -> bool:
     host = listen.rsplit(":", 1)[0].strip("[]") if ":" in listen else listen
     if host in ("localhost", ""):
@@ -98,6 +112,7 @@ class GuardServer:
         drain_s: float = DEFAULT_DRAIN_S,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         metrics: MetricsSettings | None = None,
+        redis_url: str | None = None,
     ) -> None:
         self.config = config if config is not None else PolicyConfig.from_dict(None)
         self.listen = listen
@@ -120,9 +135,10 @@ class GuardServer:
                 path="auth",
             )
         self.auth = Authenticator(self.config.auth, environ)
-        self.registry = Registry(
-            self.config, self.sink, guard_id=self.guard_id, parts=parts_for(self.config)
-        )
+        # one replica of several when a Redis URL is given (serve --redis), else one process
+        self.redis_url = check_redis_url(redis_url) if redis_url else None
+        parts = parts_for(self.config, redis_url=self.redis_url, guard_id=self.guard_id)
+        self.registry = Registry(self.config, self.sink, guard_id=self.guard_id, parts=parts)
         self.policy_pb = policy_to_pb(self.config)
         self.turns = TenantTurns()  # one sliced request per tenant at a time
         self.draining = False
@@ -199,6 +215,7 @@ class GuardServer:
             from guard.server._metrics import GuardMetrics
 
             self.metrics = GuardMetrics(self, self.metrics_settings).start()
+        await self.registry.parts.start()  # shared state first: admissions need it
         await server.start()
         self._server = server
         self._stopped = asyncio.Event()
@@ -244,6 +261,12 @@ class GuardServer:
                 await asyncio.wait_for(asyncio.to_thread(flush, left), timeout=left)
             except Exception:
                 log.warning("store flush did not finish within %.1fs", left)
+        try:
+            await asyncio.wait_for(
+                self.registry.parts.close(), max(0.1, deadline - time.monotonic())
+            )
+        except Exception:
+            log.warning("shared state did not close cleanly", exc_info=True)
         if self.metrics is not None:  # after the flush: the last export has the final counts
             left = max(0.1, deadline - time.monotonic())
             await asyncio.to_thread(self.metrics.shutdown, left)

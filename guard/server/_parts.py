@@ -128,11 +128,36 @@ class DirectiveBus(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Parts:
-    """The shared-state parts of one registry, chosen at start."""
+    """The shared-state parts of one registry, chosen at start.
+
+    A part may have background work (a Redis heartbeat, a bus subscriber): it then defines
+    ``async start()`` and ``async close()``, which :meth:`start` and :meth:`close` call, once
+    each, when the guard starts serving and after it drained.
+    """
 
     budgets: TenantBudgets
     directory: RunDirectory
     bus: DirectiveBus
+
+    async def start(self) -> None:
+        for part in self._distinct():
+            start = getattr(part, "start", None)
+            if start is not None:
+                await start()
+
+    async def close(self) -> None:
+        for part in reversed(self._distinct()):
+            close = getattr(part, "close", None)
+            if close is not None:
+                await close()
+
+    def _distinct(self) -> list[Any]:
+        # one object may implement several seams (it is started and closed once)
+        out: list[Any] = []
+        for part in (self.budgets, self.directory, self.bus):
+            if all(part is not p for p in out):
+                out.append(part)
+        return out
 
 
 class LocalTenantBudgets:
@@ -204,7 +229,12 @@ def local_parts(registry: Any) -> Parts:
 PartsFactory = Callable[[Any], Parts]
 
 
-def parts_for(config: Any) -> PartsFactory:
-    """The parts a guard started with ``config`` uses: in memory (one process). The shared
-    (Redis) implementations are chosen here when the guard is started as a replica."""
-    return local_parts
+def parts_for(config: Any, *, redis_url: str | None = None, guard_id: str = "") -> PartsFactory:
+    """The parts a guard started with ``config`` uses: in memory (one process), or shared
+    through Redis when ``redis_url`` is given (``serve --redis``; this guard is then the
+    replica ``guard_id`` of several). redis-py is imported only in the second case."""
+    if redis_url is None:
+        return local_parts
+    from guard.server._redis import redis_parts
+
+    return redis_parts(config, redis_url, guard_id=guard_id)

@@ -110,7 +110,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
         self.applier = SpanApplier(self)
         # tenant budgets, the run directory and the directive bus: in memory, or shared by
         # replicas (see _parts); nothing else here knows which
-        chosen = parts(self)
+        self.parts = chosen = parts(self)
         self.budgets: TenantBudgets = chosen.budgets
         self.directory: RunDirectory = chosen.directory
         self.bus: DirectiveBus = chosen.bus

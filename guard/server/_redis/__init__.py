@@ -1,10 +1,18 @@
-"""Shared state of several guard replicas in Redis (DESIGN §3.6): tenant budgets so far.
+"""Shared state of several guard replicas in Redis (DESIGN §3.6): tenant budgets, the run directory, the directive bus.
 
 Loaded only with ``--redis`` (``import guard.server`` does not import redis-py).
 """
 
 from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets, TenantStatus
 from guard.server._redis._client import StateClient
+from guard.server._redis._parts import redis_parts
 from guard.server._redis._pending import PendingUsage
 
-__all__ = ["PendingUsage", "RecordBatch", "RedisTenantBudgets", "StateClient", "TenantStatus"]
+__all__ = [
+    "PendingUsage",
+    "RecordBatch",
+    "RedisTenantBudgets",
+    "StateClient",
+    "TenantStatus",
+    "redis_parts",
+]
