@@ -124,7 +124,7 @@ rules; these also hold for tools that skip the schema, with a message naming the
 {{- fail "redis.url and redis.urlSecret are both set: give one (urlSecret when the URL carries a password)" }}
 {{- end }}
 {{- if and $url (not (regexMatch "^rediss?://" $url)) }}
-{{- fail (printf "redis.url must start with redis:// or rediss:// (got %s)" (regexReplaceAll "^([^:/]*).*" $url "${1}://...")) }}
+{{- fail "redis.url must start with redis:// or rediss:// (redis://HOST:PORT/DB)" }}
 {{- end }}
 {{- /* A password in the userinfo (redis://user:PASS@host) or the query (?password=PASS). */}}
 {{- if regexMatch "^[a-z]+://[^/@?#]*:[^/@?#]+@|[?&]password=" $url }}
