@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import grpc
 import helm_python as helm
@@ -22,45 +21,20 @@ import kubernetes_validate
 import pytest
 import yaml
 from _deploy_collector import check_wiring, duration_s
+from _deploy_helm import CHART, FULLNAME, NAMESPACE, RELEASE, REPO
+from _deploy_helm import container as _container
+from _deploy_helm import env as _env
+from _deploy_helm import notes as _notes
+from _deploy_helm import prod_values as _prod_values
+from _deploy_helm import render as _render
 from _deploy_rotel import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from guard.policy import PolicyConfig
 from guard.v1 import guard_pb2, guard_pb2_grpc
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "otel-guard"
-PROD_VALUES = CHART / "ci" / "prod-values.yaml"
-RELEASE, NAMESPACE = "otel-guard", "observability"
-FULLNAME = "otel-guard"  # the release name already contains the chart name
 # The chart's kubeVersion floor (gRPC probes are GA since 1.27) and the newest schemas shipped.
 KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
-
-
-def _prod_values() -> dict:
-    return yaml.safe_load(PROD_VALUES.read_text())
-
-
-def _render(values: dict | None = None) -> dict[tuple[str, str], dict]:
-    """Render offline; returns manifests keyed by (kind, name)."""
-    with helm.Chart.load(CHART) as chart:
-        out = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    docs: dict[tuple[str, str], dict] = {}
-    for path, text in out.items():
-        if path.endswith("NOTES.txt"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc:
-                key = (doc["kind"], doc["metadata"]["name"])
-                assert key not in docs, f"duplicate {key}"
-                docs[key] = doc
-    return docs
-
-
-def _notes(values: dict | None = None) -> str:
-    with helm.Chart.load(CHART) as chart:
-        out = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +45,6 @@ def default():
 @pytest.fixture(scope="module")
 def prod():
     return _render(_prod_values())
-
-
-def _container(docs) -> dict:
-    (c,) = docs[("Deployment", FULLNAME)]["spec"]["template"]["spec"]["containers"]
-    return c
-
-
-def _env(docs) -> dict[str, dict]:
-    return {e["name"]: e for e in _container(docs)["env"]}
 
 
 def pod_grace(docs) -> int:
@@ -341,6 +306,8 @@ def test_prod_secret_references(prod):
     args = _container(prod)["args"]
     assert args[args.index("--clickhouse") + 1] == "$(OTEL_GUARD_CLICKHOUSE_DSN)"
     assert env["TZ"]["value"] == "UTC", "guard.extraEnv"
+    redis = values["redis"]["urlSecret"]
+    assert env["OTEL_GUARD_REDIS_URL"]["valueFrom"]["secretKeyRef"] == redis
     assert "WARNING" not in _notes(values)
 
 
@@ -406,6 +373,10 @@ def test_collector_configmap_wiring(prod):
         {"metrics": {"top_tenants": 5000}},
         {"metrics": {"serviceMonitor": {"interval": "often"}}},
         {"metrics": {"listen": "0.0.0.0:9464"}},
+        {"redis": {"url": "http://redis.data:6379/0"}},
+        {"redis": {"url": "redis.data:6379"}},
+        {"redis": {"urlSecret": {"name": "redis", "key": ""}}},
+        {"redis": {"host": "redis.data"}},
         {"no_such_value": True},
     ],
     ids=lambda v: json.dumps(v)[:60],

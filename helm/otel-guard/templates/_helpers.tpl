@@ -96,3 +96,46 @@ the admin token). One source for the Secret and the Deployment, so they cannot d
 {{- define "otel-guard.policyYaml" -}}
 {{- toYaml .Values.policy }}
 {{- end }}
+
+{{/* Where the Redis URL comes from: "secret" (redis.urlSecret), "value" (redis.url) or empty. */}}
+{{- define "otel-guard.redisSource" -}}
+{{- if .Values.redis.urlSecret.name }}secret
+{{- else if .Values.redis.url }}value
+{{- end }}
+{{- end }}
+
+{{/*
+The value that makes this release several replicas ("replicaCount=3", "autoscaling.enabled=true"),
+or empty for one replica. Used by the checks below and by NOTES.txt.
+*/}}
+{{- define "otel-guard.severalReplicas" -}}
+{{- if .Values.autoscaling.enabled }}autoscaling.enabled=true
+{{- else if gt (int .Values.replicaCount) 1 }}replicaCount={{ int .Values.replicaCount }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fail the render on Redis and replica settings that cannot work. values.schema.json has the same
+rules; these also hold for tools that skip the schema, with a message naming the value to set.
+*/}}
+{{- define "otel-guard.replicaChecks" -}}
+{{- $url := .Values.redis.url }}
+{{- if and $url .Values.redis.urlSecret.name }}
+{{- fail "redis.url and redis.urlSecret are both set: give one (urlSecret when the URL carries a password)" }}
+{{- end }}
+{{- if and $url (not (regexMatch "^rediss?://" $url)) }}
+{{- fail "redis.url must start with redis:// or rediss:// (redis://HOST:PORT/DB)" }}
+{{- end }}
+{{- /* A password in the userinfo (redis://user:PASS@host) or the query (?password=PASS). */}}
+{{- if regexMatch "^[a-z]+://[^/@?#]*:[^/@?#]+@|[?&]password=" $url }}
+{{- fail "redis.url carries a password, and the Deployment shows it in plain text: put the URL in a Secret and set redis.urlSecret" }}
+{{- end }}
+{{- with include "otel-guard.severalReplicas" . }}
+{{- if not (include "otel-guard.redisSource" $) }}
+{{- fail (printf "%s needs redis.url or redis.urlSecret: replicas share tenant budgets, the run directory and directives through Redis" .) }}
+{{- end }}
+{{- if not (or $.Values.clickhouse.dsnSecret.name (regexMatch "^https?://" $.Values.clickhouse.dsn)) }}
+{{- fail (printf "%s needs an external ClickHouse, clickhouse.dsn (http:// or https://) or clickhouse.dsnSecret: the embedded chDB lives inside one process, and replicas write their records to one shared store" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
