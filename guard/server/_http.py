@@ -226,6 +226,7 @@ class HttpReceiver:
             raise ConfigError(f"--http-listen must be HOST:PORT, got {self.listen!r}", path="http")
         webapp = web.Application(client_max_size=self.max_body_bytes)
         webapp.router.add_route("*", "/{tail:.*}", self._handle)
+        webapp.on_response_prepare.append(_server_header)
         runner = web.AppRunner(
             webapp,
             access_log=None,
@@ -322,6 +323,10 @@ class HttpReceiver:
         if media == _JSON:
             return json_format.MessageToJson(resp, indent=None).encode()
         return resp.SerializeToString()
+
+
+async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = "otel-guard"  # not the library and its version
 
 
 def _failure(
