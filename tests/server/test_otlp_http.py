@@ -359,7 +359,7 @@ async def test_slow_and_piling_up_bodies_are_bounded(srv):
 
 
 def test_non_loopback_http_needs_auth():
-    with pytest.raises(ConfigError, match="refusing to bind '0.0.0.0:4318'"):
+    with pytest.raises(ConfigError, match=r"refusing to bind '0\.0\.0\.0:4318'"):
         GuardServer(config(), listen="127.0.0.1:0", http_listen="0.0.0.0:4318")
     GuardServer(
         config(auth=AUTH), listen="127.0.0.1:0", http_listen="0.0.0.0:4318", environ=AUTH_ENV

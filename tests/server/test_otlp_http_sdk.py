@@ -137,7 +137,7 @@ def test_served_404_for_other_paths() -> None:
     try:
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://{shown['http_address']}/", timeout=10)
-        assert err.value.code == 404 and "otel-guard" == err.value.headers["Server"]
+        assert err.value.code == 404 and err.value.headers["Server"] == "otel-guard"
         err.value.close()
     finally:
         _stop(proc)
