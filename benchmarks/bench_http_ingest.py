@@ -6,7 +6,8 @@ control stream, get the same pre-serialised 512-span requests (``bench_ingest.bu
 
 * ``grpc``: OTLP/gRPC Export on the gRPC port (the baseline);
 * ``http_protobuf``: ``POST /v1/traces`` with ``application/x-protobuf`` bodies;
-* ``http_gzip``: the same bodies gzipped (``Content-Encoding: gzip``; compressed once, ahead).
+* ``http_gzip``: the same bodies gzipped (``Content-Encoding: gzip``; compressed once, ahead);
+* ``http_json``: the same requests as OTLP/JSON (``application/json``, hex ids).
 
 spans/s/core = spans sent / CPU seconds of the guard process (``bench_ingest.cpu_seconds``).
 Prints JSON with each HTTP variant's ratio to gRPC.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import gzip
 import json
 import os
@@ -28,6 +30,8 @@ import time
 from pathlib import Path
 
 import aiohttp
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from _net import free_port, wait_port  # benchmarks/ is on sys.path when run as a script
 from bench_ingest import (
     POLICY,
@@ -40,6 +44,19 @@ from bench_ingest import (
 )
 
 SPANS_PER_REQUEST = STEPS_PER_REQUEST * 4
+
+
+def to_otlp_json(payload: bytes) -> bytes:
+    """The OTLP/JSON form of one request: the proto3 JSON mapping with hex ids."""
+    msg = otlp.ExportTraceServiceRequest.FromString(payload)
+    doc = json_format.MessageToDict(msg)
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for sp in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in sp:
+                        sp[key] = base64.b64decode(sp[key]).hex()
+    return json.dumps(doc).encode()
 
 
 def start(policy: Path) -> tuple[subprocess.Popen, int, int]:
@@ -103,6 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--json-requests", type=int, default=20, help="JSON is ~20x slower")
     args = parser.parse_args()
     payloads = build_requests()
     zipped = [gzip.compress(p, compresslevel=6) for p in payloads]
@@ -111,6 +129,7 @@ def main() -> None:
         ("grpc", None, None),
         ("http_protobuf", payloads, pb),
         ("http_gzip", zipped, {**pb, "Content-Encoding": "gzip"}),
+        ("http_json", [to_otlp_json(p) for p in payloads], {"Content-Type": "application/json"}),
     ]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,10 +145,10 @@ def main() -> None:
                         pre=_register_runs,
                     )  # fmt: skip
                 else:
+                    n = args.json_requests if name == "http_json" else args.requests
                     r = measure_http(
-                        name, proc.pid, address, http_port, bodies, headers, args.requests,
-                        args.concurrency,
-                    )  # fmt: skip
+                        name, proc.pid, address, http_port, bodies, headers, n, args.concurrency
+                    )
                 results.append(r)
             finally:
                 proc.terminate()
@@ -148,6 +167,7 @@ def main() -> None:
         "results": results,
         "http_protobuf_vs_grpc": round(by["http_protobuf"] / base, 3) if base else None,
         "http_gzip_vs_grpc": round(by["http_gzip"] / base, 3) if base else None,
+        "http_json_vs_grpc": round(by["http_json"] / base, 3) if base else None,
     }
     print(json.dumps(out, indent=2))
 

@@ -22,6 +22,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from guard.errors import ConfigError
 from guard.server import GuardServer
+from guard.server._http import _OFF_LOOP_BYTES
 
 from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, request, trace_id_of, two_tenants
 
@@ -196,6 +197,14 @@ async def test_json_body_with_the_spec_quirks(srv):
         assert code == 400, junk[:20]
         assert json.loads(out)["message"]
     assert usage(srv, "j") == (240, 14)
+    # an empty body is an empty request (spec: success); a large one (converted off the loop)
+    assert (await post(url(srv), b"", JS))[:1] == (200,)
+    many = _json_request(trace_id_of(4).hex(), "0000000000000abc", "j")
+    spans = many["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans *= 300  # ~190 KiB of JSON
+    assert len(json.dumps(many)) > _OFF_LOOP_BYTES
+    assert (await post(url(srv), json.dumps(many).encode(), JS))[0] == 200
+    assert usage(srv, "j") == (240 + 300 * 120, 14 + 300 * 7)
     await agent.close()
 
 
