@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-from google.protobuf import json_format
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from _net import free_port, wait_port  # benchmarks/ is on sys.path when run as a script
 from bench_ingest import (
     POLICY,
@@ -42,6 +40,8 @@ from bench_ingest import (
     cpu_seconds,
     measure,
 )
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 SPANS_PER_REQUEST = STEPS_PER_REQUEST * 4
 
