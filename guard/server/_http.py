@@ -35,23 +35,15 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 from aiohttp import web
 from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
-from guard.errors import (
-    AuthError,
-    BudgetExceeded,
-    ConfigError,
-    GuardError,
-    GuardUnavailable,
-    InputTooLarge,
-    InvalidInput,
-    StoreError,
-)
+from guard.errors import ConfigError, GuardError, GuardUnavailable, InputTooLarge, InvalidInput
 from guard.server._otlp import export_response, ingest_export
-from guard.server._status import Overloaded, PermissionDenied, status_for
+from guard.server._status import Overloaded, status_for
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -77,18 +69,16 @@ _MAX_HEADERS = 64
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
 
-# HTTP status of a refused request, most specific first (the gRPC code rides in Status.code).
-_HTTP: tuple[tuple[type[BaseException], int], ...] = (
-    (PermissionDenied, 403),
-    (AuthError, 401),
-    (InputTooLarge, 413),
-    (InvalidInput, 400),
-    (ConfigError, 400),
-    (Overloaded, 429),
-    (BudgetExceeded, 429),
-    (GuardUnavailable, 503),
-    (StoreError, 503),
-)
+# HTTP status of a refused request, from its gRPC status (the one mapping, ``_status``); the
+# gRPC code itself rides in the answer's Status.code.
+_HTTP = {
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 400,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,  # load (capacity, budgets): retry later
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
 
 
 class _Refusal(Exception):
@@ -100,10 +90,9 @@ class _Refusal(Exception):
 
 
 def http_status_for(exc: BaseException) -> int:
-    for kind, code in _HTTP:
-        if isinstance(exc, kind):
-            return code
-    return 500
+    if isinstance(exc, InputTooLarge):  # RESOURCE_EXHAUSTED of size, not of load: no retry
+        return 413
+    return _HTTP.get(status_for(exc), 500)
 
 
 def _hex_to_b64(obj: dict[str, Any], *keys: str) -> None:
