@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import shutil
 
 import aiohttp
+import grpc
 import pytest
 from google.rpc import status_pb2
 from opentelemetry import trace
@@ -21,9 +23,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from guard.errors import ConfigError
-from guard.server import GuardServer
+from guard.server import GuardServer, TlsFiles
 from guard.server._http import _OFF_LOOP_BYTES
+from guard.v1 import guard_pb2_grpc
 
+from . import test_tls
 from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, request, trace_id_of, two_tenants
 
 PB = {"Content-Type": "application/x-protobuf"}
@@ -373,3 +377,46 @@ def test_non_loopback_http_needs_auth():
     GuardServer(
         config(auth=AUTH), listen="127.0.0.1:0", http_listen="0.0.0.0:4318", environ=AUTH_ENV
     )
+
+
+cert = test_tls.cert  # the same self-signed certificate fixture as the gRPC TLS tests
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+async def test_tls_with_the_grpc_files(cert, sink, monkeypatch):
+    crt, key = cert
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # requests lets them override verify=
+        monkeypatch.delenv(var, raising=False)
+    async with GuardServer(
+        config(runs={"max_tokens": 10_000}),
+        listen="127.0.0.1:0",
+        sink=sink,
+        tls=TlsFiles(cert=crt, key=key),
+        http_listen="127.0.0.1:0",
+    ) as srv:
+        agent_tls = grpc_ssl_agent(srv.address, crt)
+        await agent_tls.connect()
+        await agent_tls.start_run("t", trace_id_of(7))
+        port = srv.http.port
+        one = [chat_attrs("t", 50, 5)]
+        ok = await asyncio.to_thread(
+            stock_export, f"https://localhost:{port}/v1/traces", trace_id_of(7), one,
+            certificate_file=crt,
+        )  # fmt: skip
+        assert ok is SpanExportResult.SUCCESS and usage(srv, "t") == (50, 5)
+        plain = await asyncio.to_thread(
+            stock_export, f"http://127.0.0.1:{port}/v1/traces", trace_id_of(7), one
+        )
+        assert plain is SpanExportResult.FAILURE and usage(srv, "t") == (50, 5)
+        await agent_tls.close()
+
+
+def grpc_ssl_agent(address: str, crt: str) -> Agent:
+    agent = Agent(address)
+    with open(crt, "rb") as fh:
+        creds = grpc.ssl_channel_credentials(fh.read())
+    agent.channel = grpc.aio.secure_channel(
+        address, creds, options=[("grpc.ssl_target_name_override", "localhost")]
+    )
+    agent.stub = guard_pb2_grpc.GuardControlStub(agent.channel)
+    return agent
