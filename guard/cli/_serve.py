@@ -10,6 +10,7 @@ The guard's own metrics are off unless ``--metrics-listen`` (a Prometheus scrape
 or ``--metrics-otlp`` (OTLP export, e.g. to a collector) is given, or the policy file's
 ``guard.metrics`` section sets them; the flags override the file key by key. ``--guard-id``
 (or ``OTEL_GUARD_ID``) names the replica in its records and on every metric series.
+``--http-listen`` adds the OTLP/HTTP receiver (``POST /v1/traces``, see ``guard.server._http``).
 """
 
 from __future__ import annotations
@@ -20,12 +21,30 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_arguments", "load_config", "metrics_settings", "run"]
+__all__ = [
+    "DEFAULT_HTTP_LISTEN",
+    "add_arguments",
+    "http_listen",
+    "load_config",
+    "metrics_settings",
+    "run",
+]
+
+DEFAULT_HTTP_LISTEN = "127.0.0.1:4318"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen", default="127.0.0.1:4317", help="HOST:PORT to bind (default 127.0.0.1:4317)"
+    )
+    parser.add_argument(
+        "--http-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="OTLP/HTTP receiver, POST /v1/traces (protobuf or JSON, gzip); 'none' turns it "
+        "off. Default 127.0.0.1:4318 when --listen uses the standard port 4317, else an "
+        "ephemeral port on 127.0.0.1 (so a second guard on one host does not collide), "
+        "printed at start and in --json as http_address",
     )
     parser.add_argument("--config", default=None, help="policy file (YAML, DESIGN §3.3b)")
     parser.add_argument(
@@ -87,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--json", action="store_true", help="print the bound address as JSON")
+
+
+def http_listen(args: argparse.Namespace) -> str | None:
+    """``--http-listen``, resolved: ``None`` when turned off (see the flag's help)."""
+    value = args.http_listen
+    if value is None:
+        return DEFAULT_HTTP_LISTEN if args.listen.endswith(":4317") else "127.0.0.1:0"
+    return None if value.strip().lower() == "none" else value.strip()
 
 
 def load_config(path: str | None) -> Any:
@@ -164,17 +191,22 @@ async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:
         guard_id=args.guard_id,
         metrics=metrics_settings(args, config),
         redis_url=args.redis,
+        http_listen=http_listen(args),
     )
     await server.start()
     from guard.server._gc import bound_gc_pauses
 
     bound_gc_pauses()  # full collections would otherwise hold the loop for 100 ms
     metrics = server.metrics.address if server.metrics is not None else None
+    http = server.http.address if server.http is not None else None
     if args.json:
         shown = {"address": server.address, "guard_id": server.guard_id}
-        print(json.dumps({**shown, "metrics_address": metrics}), flush=True)
+        print(json.dumps({**shown, "http_address": http, "metrics_address": metrics}), flush=True)
     else:
         print(f"otel-guard listening on {server.address} (guard_id {server.guard_id})", flush=True)
+        if http is not None:
+            scheme = "https" if tls is not None else "http"
+            print(f"otel-guard OTLP/HTTP on {scheme}://{http}/v1/traces", flush=True)
         if metrics is not None:
             print(f"otel-guard metrics on http://{metrics}/metrics", flush=True)
     loop = asyncio.get_running_loop()

@@ -113,6 +113,7 @@ class GuardServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         metrics: MetricsSettings | None = None,
         redis_url: str | None = None,
+        http_listen: str | None = None,
     ) -> None:
         self.config = config if config is not None else PolicyConfig.from_dict(None)
         self.listen = listen
@@ -128,12 +129,17 @@ class GuardServer:
             )
         self.drain_s = float(drain_s)
         self.max_message_bytes = int(max_message_bytes)
-        if self.config.auth is None and not insecure_bind_any and not is_loopback(listen):
-            raise ConfigError(
-                f"refusing to bind {listen!r} without an auth section: add `auth:` to the "
-                "policy file or pass --insecure-bind-any",
-                path="auth",
-            )
+        # OTLP/HTTP beside the gRPC port (serve --http-listen); None: off. Same bind rule.
+        self.http_listen = http_listen
+        self.http: Any = None  # the _http.HttpReceiver while running
+        open_to_all = self.config.auth is None and not insecure_bind_any
+        for addr in (listen, http_listen):
+            if addr and open_to_all and not is_loopback(addr):
+                raise ConfigError(
+                    f"refusing to bind {addr!r} without an auth section: add `auth:` to the "
+                    "policy file or pass --insecure-bind-any",
+                    path="auth",
+                )
         self.auth = Authenticator(self.config.auth, environ)
         # one replica of several when a Redis URL is given (serve --redis), else one process
         self.redis_url = check_redis_url(redis_url) if redis_url else None
@@ -216,6 +222,16 @@ class GuardServer:
 
             self.metrics = GuardMetrics(self, self.metrics_settings).start()
         await self.registry.parts.start()  # shared state first: admissions need it
+        if self.http_listen:  # after the parts (it ingests at once), before reporting ready
+            from guard.server._http import HttpReceiver, server_ssl_context
+
+            ctx = None
+            if self.tls is not None:
+                ctx = server_ssl_context(self.tls.cert, self.tls.key, self.tls.client_ca)
+            self.http = HttpReceiver(
+                self, self.http_listen, max_body_bytes=self.max_message_bytes, ssl_context=ctx
+            )
+            await self.http.start(grace_s=self.drain_s / 2)
         await server.start()
         self._server = server
         self._stopped = asyncio.Event()
@@ -224,6 +240,8 @@ class GuardServer:
         self._sweeper = asyncio.ensure_future(self._sweep_forever())
         self.loop_lag.start()
         log.info("otel-guard %s listening on %s", self.guard_id, self.address)
+        if self.http is not None:
+            log.info("otel-guard OTLP/HTTP on %s%s", self.http.address, "/v1/traces")
         return self
 
     async def _sweep_forever(self) -> None:
@@ -248,7 +266,10 @@ class GuardServer:
         for session in list(self._sessions):
             session.error = GuardUnavailable("guard is draining; reconnect to another guard")
             session.close()
-        await self._server.stop(grace=budget / 2)
+        if self.http is not None:  # both transports drain their in-flight Exports at once
+            await asyncio.gather(self._server.stop(grace=budget / 2), self.http.stop(budget / 2))
+        else:
+            await self._server.stop(grace=budget / 2)
         if self._sweeper is not None:
             self._sweeper.cancel()
         self.loop_lag.stop()
