@@ -161,7 +161,8 @@ def test_services(default):
                 "targetPort": "grpc",
                 "protocol": "TCP",
                 "appProtocol": "grpc",
-            }
+            },
+            {"name": "otlp-http", "port": 4318, "targetPort": "otlp-http", "protocol": "TCP"},
         ]
         assert spec["selector"].items() <= pod_labels.items()
     pdb = default[("PodDisruptionBudget", FULLNAME)]["spec"]
@@ -169,7 +170,7 @@ def test_services(default):
     netpol = default[("NetworkPolicy", FULLNAME)]["spec"]
     assert netpol["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert netpol["ingress"] == [
-        {"ports": [{"port": "grpc", "protocol": "TCP"}]},
+        {"ports": [{"port": "grpc", "protocol": "TCP"}, {"port": "otlp-http", "protocol": "TCP"}]},
         {"ports": [{"port": "metrics", "protocol": "TCP"}]},
     ]
 
