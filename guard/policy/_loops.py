@@ -34,7 +34,8 @@ window, judged when the repeat is counted. A repeat counts back only to the last
 Both signals are needed, so a frozen state, forged facts around calls that bring nothing new,
 or new results without new facts leave the count as it was; without any state or progress
 signal nothing changes. Cycles, ``same_result`` and stagnation do not use the exemption: in a
-true cycle every call recurs, so nothing between two occurrences is ever new.
+true cycle every call recurs, so by a repeat's third occurrence nothing between two of them is
+new (with ``repeat_threshold`` 2 the exemption is off: the first repeat already stops).
 
 Every pattern warns one short of its stop threshold, so the agent gets a chance to change course.
 """
@@ -169,7 +170,9 @@ class LoopDetector:
         # Repeats of this action with this result, until its result last differed or, when
         # the facts grew in the window, until new work separated two of them.
         count, exact, streak, newer = 0, True, True, 0
-        grew = self._gbits
+        # With repeat_threshold 2 the first repeat stops, before a cycle's other calls have
+        # recurred: its B in A-B-A would pass for new work. So every repeat counts there.
+        grew = self._gbits if k > 2 else 0
         for j in range(m):
             if acts[j] == a:
                 if res[j] != r:
