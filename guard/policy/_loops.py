@@ -236,15 +236,15 @@ class LoopDetector:
 
     def _grown(self, n: int | None = None) -> None:
         """The facts grew at the end of this step (or after call count ``n``): remember where
-        (between which calls)."""
-        n = self._n if n is None else n
-        w = self.settings.window
-        if n - self._goff >= 2 * w:  # keep the mask short: growth before the window is moot
-            drop = n - w - self._goff
+        (between which calls). Setting a bit twice is harmless."""
+        b = (self._n if n is None else n) - self._goff
+        if b >= 2 * len(self._acts):  # keep the mask short: growth before the window is moot
+            drop = b - len(self._acts)
             self._gbits >>= drop
             self._goff += drop
-        if n >= self._goff:
-            self._gbits |= 1 << (n - self._goff)
+            b -= drop
+        if b >= 0:
+            self._gbits |= 1 << b
 
     def _grew_between(self, newer: int, older: int) -> bool:
         """Whether the facts grew between the calls at newest-first window positions
@@ -270,7 +270,11 @@ class LoopDetector:
             self._stale = 0
             if state is not None:
                 self._state = hash64(state)
-            self._grown()
+            b = self._n - self._goff  # _grown() inlined: once per step on the SDK's path
+            if b < 2 * len(self._acts):
+                self._gbits |= 1 << b
+            else:
+                self._grown()
             return _OK
         if progress is False:
             stale = True  # an explicit "no progress" wins over a changed state
