@@ -13,7 +13,7 @@ Every trace is tagged ``reread``; ``benchmarks/loop_corpus.py`` reports them apa
 
 from __future__ import annotations
 
-from policy_corpus_base import Trace
+from policy_corpus_base import Step, Trace
 from policy_corpus_base import step as _s
 
 __all__ = ["REREAD_LEGIT", "REREAD_LOOPS"]
@@ -35,11 +35,16 @@ def _done(i: int) -> tuple[str, ...]:
     return ("queue: refunds", *(f"refunded A-{j}" for j in range(i + 1)))
 
 
+def _refunds(n: int) -> tuple[Step, ...]:
+    """``n`` customers refunded, one step each: lookup -> the same policy -> refund."""
+    return tuple(_s(_customer(i), _POLICY, _refund(i), facts=_done(i)) for i in range(n))
+
+
 REREAD_LEGIT: list[Trace] = [
     Trace(
         "reread_policy_per_customer",
         "legit",
-        tuple(_s(_customer(i), _POLICY, _refund(i), facts=_done(i)) for i in range(8)),
+        _refunds(8),
         tags=_TAG,
         note="lookup -> the same policy -> refund, for eight customers: the facts grow",
     ),
@@ -95,7 +100,7 @@ REREAD_LEGIT: list[Trace] = [
     Trace(
         "reread_long_queue_beyond_window",
         "legit",
-        tuple(_s(_customer(i), _POLICY, _refund(i), facts=_done(i)) for i in range(30)),
+        _refunds(30),
         tags=_TAG,
         note="90 calls: the window (20) holds six reads of the policy at a time",
     ),
@@ -225,8 +230,7 @@ REREAD_LOOPS: list[Trace] = [
     Trace(
         "reread_progress_then_stuck",
         "loop",
-        tuple(_s(_customer(i), _POLICY, _refund(i), facts=_done(i)) for i in range(4))
-        + tuple(_s(_customer(4), _POLICY, facts=_done(3)) for _ in range(6)),
+        _refunds(4) + tuple(_s(_customer(4), _POLICY, facts=_done(3)) for _ in range(6)),
         tags=_TAG,
         loop_start=4,
         note="four customers refunded, then the same customer and policy over and over",
@@ -235,7 +239,7 @@ REREAD_LOOPS: list[Trace] = [
         "reread_thrice_in_one_step",
         "loop",
         (
-            *(_s(_customer(i), _POLICY, _refund(i), facts=_done(i)) for i in range(3)),
+            *_refunds(3),
             _s(_customer(3), _POLICY, _POLICY, _POLICY, _POLICY, facts=_done(3)),
         ),
         tags=_TAG,
