@@ -109,7 +109,7 @@ class LoopDetector:
         self._native = _NATIVE  # per instance, so tests can compare it with the reference
 
     def nbytes(self) -> int:
-        """Approximate memory held by this detector (object plus both ring buffers)."""
+        """Approximate memory held by this detector (object, both ring buffers, growth mask)."""
         import sys
 
         return (
