@@ -25,6 +25,18 @@ information), so read -> edit -> read, polling that sees changes, pagination (``
 ignored field, but each page returns new rows) and test -> fix -> test with changing test output
 are never stopped. Unknown results (``None``) count as "no new information".
 
+Re-reading alongside new work: the same lookup with the same result, repeated while the agent
+does new work and its facts grow, is not a loop (the refund policy read again for each new
+customer). Two occurrences of a repeated call are *separated* when, between them, the facts grew
+(a step ended with a changed state hash or ``progress=True``; the first state seen is only a
+baseline) and some call brought new work: an action and a result that each occur once in the
+window, judged when the repeat is counted. A repeat counts back only to the last separation.
+Both signals are needed, so a frozen state, forged facts around calls that bring nothing new,
+or new results without new facts leave the count as it was; without any state or progress
+signal nothing changes. Cycles, ``same_result`` and stagnation do not use the exemption: in a
+true cycle every call recurs, so by a repeat's third occurrence nothing between two of them is
+new (with ``repeat_threshold`` 2 the exemption is off: the first repeat already stops).
+
 Every pattern warns one short of its stop threshold, so the agent gets a chance to change course.
 """
 
@@ -61,7 +73,19 @@ _PRIORITY = {"exact_repeat": 0, "cycle": 1, "repeat_in_window": 2, "same_result"
 class LoopDetector:
     """Per-run loop and stagnation detector. Not thread-safe: one caller per run."""
 
-    __slots__ = ("_acts", "_n", "_native", "_res", "_stale", "_state", "hits", "settings")
+    __slots__ = (
+        "_acts",
+        "_base",
+        "_gbits",
+        "_goff",
+        "_n",
+        "_native",
+        "_res",
+        "_stale",
+        "_state",
+        "hits",
+        "settings",
+    )
 
     def __init__(self, settings: LoopSettings | None = None) -> None:
         self.settings = settings if settings is not None else LoopSettings()
@@ -72,6 +96,12 @@ class LoopDetector:
         w = self.settings.window
         self._acts = array("Q", bytes(8 * w))
         self._res = array("Q", bytes(8 * w))
+        # Where the facts grew: bit ``b - _goff`` is set when they grew after call count ``b``.
+        # Written per step, never on the per-call path; trimmed to about two windows of bits,
+        # since only the last ``window`` calls are ever compared.
+        self._gbits = 0
+        self._goff = 0
+        self._base = -1  # where the first state was seen, until the state first changes
         self._n = 0
         self._state = 0
         self._stale = 0
@@ -79,10 +109,15 @@ class LoopDetector:
         self._native = _NATIVE  # per instance, so tests can compare it with the reference
 
     def nbytes(self) -> int:
-        """Approximate memory held by this detector (object plus both ring buffers)."""
+        """Approximate memory held by this detector (object, both ring buffers, growth mask)."""
         import sys
 
-        return sys.getsizeof(self) + sys.getsizeof(self._acts) + sys.getsizeof(self._res)
+        return (
+            sys.getsizeof(self)
+            + sys.getsizeof(self._acts)
+            + sys.getsizeof(self._res)
+            + sys.getsizeof(self._gbits)
+        )
 
     def _level(self, count: int, threshold: int) -> Action:
         if count >= threshold:
@@ -132,13 +167,20 @@ class LoopDetector:
         res = (self._res[cut:m] + self._res[:cut])[::-1].tolist()
         found: list[tuple[Action, str, int, str]] = []
 
-        # Repeats of this action with this result, until its result last differed.
-        count, exact, streak = 0, True, True
+        # Repeats of this action with this result, until its result last differed or, when
+        # the facts grew in the window, until new work separated two of them.
+        count, exact, streak, newer = 0, True, True, 0
+        # With repeat_threshold 2 the first repeat stops, before a cycle's other calls have
+        # recurred: its B in A-B-A would pass for new work. So every repeat counts there.
+        grew = self._gbits if k > 2 else 0
         for j in range(m):
             if acts[j] == a:
                 if res[j] != r:
                     break  # new information: the count starts again here
+                if grew and j and self._grew_between(newer, j) and _new_work(acts, res, newer, j):
+                    break  # re-read alongside new work while the facts grew: not a repeat
                 count += 1
+                newer = j
                 exact = exact and streak
             else:
                 streak = False
@@ -192,6 +234,29 @@ class LoopDetector:
             f"loop_detected: {pattern}: {detail} (window={w}, repeat_threshold={k}); {verb}",
         )
 
+    def _grown(self, n: int | None = None) -> None:
+        """The facts grew at the end of this step (or after call count ``n``): remember where
+        (between which calls). Setting a bit twice is harmless."""
+        b = (self._n if n is None else n) - self._goff
+        if b >= 2 * len(self._acts):  # keep the mask short: growth before the window is moot
+            drop = b - len(self._acts)
+            self._gbits >>= drop
+            self._goff += drop
+            b -= drop
+        if b >= 0:
+            self._gbits |= 1 << b
+
+    def _grew_between(self, newer: int, older: int) -> bool:
+        """Whether the facts grew between the calls at newest-first window positions
+        ``newer < older``. A call at position ``j`` is call number ``t = n - 1 - j``; growth
+        after call count ``b`` lies between them when ``t_old < b <= t_new``."""
+        shift = self._n - older - self._goff  # t_old + 1 - _goff
+        width = older - newer
+        if shift < 0:  # before the kept bits: only the kept part can hold growth
+            width += shift
+            shift = 0
+        return width > 0 and bool((self._gbits >> shift) & ((1 << width) - 1))
+
     def end_step(
         self, *, state: str | None, progress: bool | None, acted: bool = True
     ) -> LoopVerdict:
@@ -205,13 +270,28 @@ class LoopDetector:
             self._stale = 0
             if state is not None:
                 self._state = hash64(state)
+            b = self._n - self._goff  # _grown() inlined: once per step on the SDK's path
+            if b < 2 * len(self._acts):
+                self._gbits |= 1 << b
+            else:
+                self._grown()
             return _OK
         if progress is False:
             stale = True  # an explicit "no progress" wins over a changed state
         elif state is not None:
-            if hash64(state) != self._state:
+            h = hash64(state)
+            if h != self._state:
+                # The first state seen only becomes growth (from no facts to some) once the
+                # state moves again: a state frozen from the start never grew.
+                if not self._state:
+                    self._base = self._n
+                else:
+                    if self._base >= 0:
+                        self._grown(self._base)
+                        self._base = -1
+                    self._grown()
                 self._stale = 0
-                self._state = hash64(state)
+                self._state = h
                 return _OK
             stale = acted
         else:
@@ -244,4 +324,15 @@ class LoopDetector:
         w = self.settings.window
         self._acts = array("Q", bytes(8 * w))
         self._res = array("Q", bytes(8 * w))
-        self._n = self._state = self._stale = 0
+        self._n = self._state = self._stale = self._gbits = self._goff = 0
+        self._base = -1
+
+
+def _new_work(acts: list[int], res: list[int], newer: int, older: int) -> bool:
+    """Whether a call between window positions ``newer < older`` (newest first) brought new
+    work: its action and its (known) result each occur only once in the window."""
+    for i in range(newer + 1, older):
+        x = res[i]
+        if x and acts.count(acts[i]) == 1 and res.count(x) == 1:
+            return True
+    return False

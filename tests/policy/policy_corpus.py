@@ -6,6 +6,8 @@ alternates order_query/kb_search with shifting arguments and always gets an empt
 careful human reviewer would say: ``loop`` (the run should be stopped) or ``legit`` (it must not
 be). ``hard`` marks legitimate traces that a fingerprint detector cannot tell from a loop
 without more signal (kept in the corpus so the false-positive figure stays honest).
+``policy_corpus_reread.py`` adds mixed traces: a lookup re-read alongside new work (legit) and
+its near misses (loops).
 
 Shared by ``tests/policy/test_policy_corpus.py`` and ``benchmarks/loop_corpus.py``.
 """
@@ -13,7 +15,8 @@ Shared by ``tests/policy/test_policy_corpus.py`` and ``benchmarks/loop_corpus.py
 from policy_corpus_base import Call, Step, Trace, TraceResult, run_trace
 from policy_corpus_legit import LEGIT
 from policy_corpus_loops import LOOPS
+from policy_corpus_reread import REREAD_LEGIT, REREAD_LOOPS
 
 __all__ = ["CORPUS", "LEGIT", "LOOPS", "Call", "Step", "Trace", "TraceResult", "run_trace"]
 
-CORPUS: list[Trace] = LOOPS + LEGIT
+CORPUS: list[Trace] = LOOPS + REREAD_LOOPS + LEGIT + REREAD_LEGIT

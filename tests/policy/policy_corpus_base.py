@@ -32,6 +32,7 @@ class Trace:
     hard: bool = False
     note: str = ""
     tags: tuple[str, ...] = field(default=())
+    loop_start: int = 0  # loops: index of the step where the looping began (for the delay)
 
 
 def step(*calls: tuple[str, Any, Any], facts: tuple[str, ...] | None = None, progress=None) -> Step:
@@ -52,6 +53,7 @@ class TraceResult:
     stop_call: int | None  # tool calls seen when the run was stopped
     pattern: str | None
     hits: int
+    stop_step: int | None = None  # index of the step in which the run was stopped
 
 
 def run_trace(trace: Trace, settings: LoopSettings | None = None) -> TraceResult:
@@ -60,7 +62,7 @@ def run_trace(trace: Trace, settings: LoopSettings | None = None) -> TraceResult
     fp = Fingerprinter(b"corpus-key", ignore_fields=settings.ignore_fields)
     det = LoopDetector(settings)
     warned, n = False, 0
-    for step in trace.steps:
+    for index, step in enumerate(trace.steps):
         verdicts = []
         for call in step.calls:
             n += 1
@@ -72,6 +74,6 @@ def run_trace(trace: Trace, settings: LoopSettings | None = None) -> TraceResult
         )
         for i, v in verdicts:
             if v.level is Action.STOP:
-                return TraceResult(True, warned, i, v.pattern, det.hits)
+                return TraceResult(True, warned, i, v.pattern, det.hits, index)
             warned = warned or v.level is Action.WARN
     return TraceResult(False, warned, None, None, det.hits)

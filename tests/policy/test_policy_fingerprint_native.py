@@ -177,6 +177,39 @@ def test_native_window_gives_the_reference_verdicts(
     assert native.hits == ref.hits
 
 
+_STEP_END = st.tuples(
+    st.sampled_from(["facts 1", "facts 2", "facts 3", None]),
+    st.sampled_from([None, None, True, False]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    events=st.lists(st.one_of(st.tuples(_IDS, st.one_of(st.none(), _IDS)), _STEP_END), max_size=60),
+    window=st.integers(2, 8),
+    k=st.integers(2, 5),
+)
+def test_native_window_gives_the_reference_verdicts_across_steps(
+    events: list[tuple], window: int, k: int
+) -> None:
+    """The same with step ends in between (state, progress): growing facts separate repeats."""
+    from guard.policy import LoopDetector, LoopSettings
+
+    s = LoopSettings(window=window, repeat_threshold=k, no_progress_steps=3)
+    native, ref = LoopDetector(s), LoopDetector(s)
+    ref._native = None
+    for e in events:
+        if len(e) == 2:
+            assert native.observe_action(*e) == ref.observe_action(*e)
+        else:
+            kw = {"state": e[0], "progress": e[1], "acted": e[2]}
+            assert native.end_step(**kw) == ref.end_step(**kw)
+        assert native._acts == ref._acts and native._res == ref._res
+        assert native._gbits == ref._gbits
+    assert native.hits == ref.hits
+
+
 def test_observe_refuses_mismatched_rings() -> None:
     from array import array
 
