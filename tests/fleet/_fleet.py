@@ -148,6 +148,14 @@ class Fleet:
         except Exception:  # being killed or restarted
             return {}
 
+    def figures(self, i: int) -> dict[str, float]:
+        """Replica ``i``'s ``GuardAdmin.Stats`` figures (the registry's counters and sizes)."""
+        from guard.cli._client import AdminClient
+        from guard.v1 import guard_pb2 as pb
+
+        with AdminClient(self.replicas[i].address) as c:
+            return dict(c._call("Stats", pb.StatsRequest()).figures)
+
     def holders(self) -> dict[str, int]:
         """run_id -> the replica holding its connected control stream."""
         return {
