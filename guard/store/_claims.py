@@ -4,10 +4,12 @@ The store's exactly-once check (``_writer`` in memory, ``_dedup`` against ClickH
 within one guard. Across replicas it does not: replica Y acknowledges a record (WAL) and dies
 before the agent saw the ack, the agent re-sends it to Z, Z writes it, Y restarts and replays
 its WAL: two rows. So before a batch of run records is inserted, the writer claims each run id
-(``SET <prefix>:rec:<run_id> <holder> NX EX <ttl_s>``, one pipeline per batch, then a ``GET``
-of the ids it could not set, a second round trip only when there are repeats) and drops the
-ids another holder has (counted ``records_claimed_elsewhere``; never an error). The key is the
-run id alone, as the store's own check is: a repeat naming another tenant is the same run.
+(``SET <prefix>:rec:{g}:<run_id> <holder> NX EX <ttl_s>``, else ``GET`` it: a small Lua script,
+one pipeline of calls per batch, so one round trip) and drops the ids another holder has
+(counted ``records_claimed_elsewhere``; never an error). The key is the run id alone, as the
+store's own check is: a repeat naming another tenant (or none: a record derived from spans
+that never carried one) is the same run. ``{g}``, one of 16 hash tags, keeps each script
+call's keys in one Redis Cluster slot.
 
 **The holder is the data dir, not the process**: ``{data_dir}/store/holder`` holds a random id
 made once (prefixed by the guard id, for the operator's eye). A restarted replica replays its
@@ -19,9 +21,9 @@ and inserts; ClickHouse's own check covers "inserted but not marked done".
 can reach another replica: an agent re-sends an unacknowledged record on its next connect
 (seconds after a failover), and a killed replica replays its WAL at its restart (minutes).
 A claim that expired before a replay is simply taken again; only a record that was *inserted*
-and then re-sent after its claim expired can double. Memory: about 100 B per claim
-(``benchmarks/bench_record_claims.py`` measures it: see the README of this package), so
-1,000 records an hour keep about 0.1 MB.
+and then re-sent after its claim expired can double. Memory: about 175 B per claim with
+32-character run ids (``benchmarks/bench_record_claims.py``, Redis 6.2), so about 0.17 MB per
+1,000 records stored within one TTL.
 
 **Redis unreachable: fail open.** The batch is inserted unclaimed (logged once per outage,
 counted ``records_unclaimed``), so records keep flowing. What that can double: a record this
@@ -40,6 +42,7 @@ import logging
 import socket
 import time
 import uuid
+import zlib
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -51,7 +54,33 @@ __all__ = ["DEFAULT_CLAIM_TTL_S", "RecordClaims", "holder_id"]
 log = logging.getLogger("guard.store")
 
 DEFAULT_CLAIM_TTL_S = 3600.0
-_PIPELINE = 1000  # commands per pipeline (bounded replies, bounded time per round trip)
+_PIPELINE = 1000  # run ids per script call (bounded replies, bounded time inside Redis)
+# Per key: SET NX EX; if it was there, its holder ('' = ours: its TTL is renewed). One call
+# claims a chunk of ids atomically, so a claim expiring between a SET and a GET cannot
+# happen, and costs a fifth of the Python time of one SET per id in a pipeline (measured).
+_CLAIM_LUA = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[1], 'NX', 'EX', ARGV[2]) then
+    out[i] = ''
+  else
+    local holder = redis.call('GET', key)
+    if holder == ARGV[1] or not holder then
+      redis.call('SET', key, ARGV[1], 'EX', ARGV[2])
+      out[i] = ''
+    else
+      out[i] = holder
+    end
+  end
+end
+return out
+"""
+
+
+def _group(run_id: str) -> str:
+    return "0123456789abcdef"[zlib.crc32(run_id.encode("utf-8", "surrogatepass")) & 15]
+
+
 _UNCLAIMED_MAX = 100_000  # ids stored while Redis was down, claimed after the fact
 
 
@@ -101,6 +130,8 @@ class RecordClaims:
             decode_responses=True,
         )
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._noscript = redis.exceptions.NoScriptError
+        self._sha: str | None = None
         self.holder = holder
         self.ttl_s = int(ttl_s)
         self._prefix = f"{prefix}:rec:"
@@ -115,7 +146,9 @@ class RecordClaims:
         return self._down_since is None
 
     def key(self, run_id: str) -> str:
-        return self._prefix + run_id
+        """``<prefix>:rec:{<g>}:<run_id>``: the hash tag ``{g}`` (one of 16, from the run id)
+        keeps each script call's keys in one Redis Cluster slot."""
+        return f"{self._prefix}{{{_group(run_id)}}}:{run_id}"
 
     def claim(self, ids: list[str]) -> set[str] | None:
         """Claim ``ids`` (distinct). Returns those another holder has, or None when Redis
@@ -160,34 +193,35 @@ class RecordClaims:
         return len(both)
 
     def _claim(self, ids: list[str]) -> set[str]:
-        elsewhere: set[str] = set()
-        todo = ids
-        for _ in range(3):  # a claim that expired between SET NX and GET is taken again
-            failed = [i for i, ok in zip(todo, self._run("set", todo), strict=True) if not ok]
-            if not failed:
-                break
-            todo = []
-            for run_id, holder in zip(failed, self._run("get", failed), strict=True):
-                if holder is None:
-                    todo.append(run_id)
-                elif holder != self.holder:
-                    elsewhere.add(run_id)
-            if not todo:
-                break
-        return elsewhere
+        """One pipeline of script calls (one per key slot group and chunk): one round trip."""
+        calls: list[list[str]] = []
+        by_group: dict[str, list[str]] = {}
+        for run_id in ids:
+            by_group.setdefault(_group(run_id), []).append(run_id)
+        for group in by_group.values():
+            for i in range(0, len(group), _PIPELINE):
+                calls.append(group[i : i + _PIPELINE])
+        try:
+            replies = self._execute(calls)
+        except self._noscript:  # a restarted (empty) Redis: load the script, call again
+            self._sha = None
+            replies = self._execute(calls)
+        return {
+            run_id
+            for chunk, reply in zip(calls, replies, strict=True)
+            for run_id, holder in zip(chunk, reply, strict=True)
+            if holder
+        }
 
-    def _run(self, op: str, ids: list[str]) -> list[Any]:
-        out: list[Any] = []
-        for i in range(0, len(ids), _PIPELINE):
-            pipe = self._redis.pipeline(transaction=False)
-            for run_id in ids[i : i + _PIPELINE]:
-                if op == "set":
-                    pipe.set(self.key(run_id), self.holder, nx=True, ex=self.ttl_s)
-                else:
-                    pipe.get(self.key(run_id))
+    def _execute(self, calls: list[list[str]]) -> list[Any]:
+        if self._sha is None:
+            self._sha = self._redis.script_load(_CLAIM_LUA)
             self.stats["round_trips"] += 1
-            out.extend(pipe.execute())
-        return out
+        pipe = self._redis.pipeline(transaction=False)
+        for chunk in calls:
+            pipe.evalsha(self._sha, len(chunk), *map(self.key, chunk), self.holder, self.ttl_s)
+        self.stats["round_trips"] += 1
+        return pipe.execute()
 
     def _failed(self, ex: BaseException) -> None:
         self.stats["errors"] += 1

@@ -20,6 +20,7 @@ from redisstate._server import RedisServer
 
 from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store import Store, open_store
+from guard.store._claims import RecordClaims
 
 # A replica that accepts records (WAL), says "ready" and is SIGKILLed. mode "wal": its writer
 # never formed a batch (nothing claimed, nothing inserted: the acked-then-killed replica);
@@ -29,6 +30,7 @@ import sys, time
 sys.path.insert(0, sys.argv[4])
 from fleet.test_record_claims import record
 from guard.store import Store, open_store
+from guard.store._claims import RecordClaims
 
 data_dir, redis_url, mode = sys.argv[1:4]
 if mode == "wal":
@@ -117,8 +119,10 @@ def test_a_record_another_replica_claimed_is_dropped(tmp_path: Path, redis: Redi
         assert z.flush(30)
         assert sorted(ids_of(z)) == [f"run-{i:04d}" for i in range(30, 50)]
         c = z.counters()
+        key = z.claims.key("run-0025")  # type: ignore[union-attr]
     assert c["records_claimed_elsewhere"] == 10 and c["records_unclaimed"] == 0
-    claim = redis.command("GET", "og:rec:run-0025")
+    assert key.startswith("og:rec:{") and key.endswith("}:run-0025")
+    claim = redis.command("GET", key)
     assert b"y/" in claim  # the holder is y's data dir (guard id "y" + its own random part)
 
 
@@ -177,7 +181,7 @@ def test_redis_down_stores_unclaimed_and_claims_when_back(
         # Redis back. A stopped test server comes back empty; one of z's claims is put back,
         # as a Redis that was only unreachable would still hold it.
         redis.start()
-        redis.command("SET", "og:rec:run-0000", "z/other")
+        redis.command("SET", y.claims.key("run-0000"), "z/other")  # type: ignore[union-attr]
         deadline = time.monotonic() + 20
         while y.counters()["records_claim_conflicts"] < 1:  # the writer's next cycles
             assert time.monotonic() < deadline, y.counters()
@@ -190,6 +194,19 @@ def test_redis_down_stores_unclaimed_and_claims_when_back(
             z.write_run(record(i))
         assert z.flush(30)
         assert z.counters()["records_claimed_elsewhere"] == 5
+
+
+def test_a_claim_survives_a_redis_that_lost_its_scripts(redis: RedisServer) -> None:
+    mine, other = RecordClaims(redis.url, "a/1"), RecordClaims(redis.url, "b/2")
+    try:
+        assert mine.claim(["r1", "r2"]) == set()
+        redis.command("SCRIPT", "FLUSH")  # as after a restart or a failover of Redis
+        assert mine.claim(["r2", "r3"]) == set()  # r2 is its own: kept, TTL renewed
+        assert other.claim(["r1", "r3", "r4"]) == {"r1", "r3"}
+        assert mine.stats["errors"] == 0 and mine.healthy
+    finally:
+        mine.close()
+        other.close()
 
 
 def test_without_redis_the_store_claims_nothing(tmp_path: Path) -> None:
