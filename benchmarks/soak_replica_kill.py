@@ -53,27 +53,11 @@ def _claimed_elsewhere(fleet: Fleet) -> int:
 
 def _kill(fleet: Fleet, agents: list[F.FleetAgent], restart_after_s: float) -> dict[str, Any]:
     F.wait_until(lambda: all(len(a.live()) >= 2 for a in agents), 60, "runs live")
-    live0 = agents[0].live()
-    where = F.wait_until(lambda: (h := fleet.holders()) and live0 <= set(h) and h, 30, "held")
-    victim = where[next(iter(live0))]
-    on_victim = {rid for rid, i in where.items() if i == victim}
-    fleet.kill(victim)
+    victim, on_victim = fleet.kill_holder(agents[0])
     killed = time.monotonic()
-
-    def guarded_again() -> bool:
-        still = on_victim & set().union(*(a.live() for a in agents))
-        seen = {
-            rid
-            for i in range(len(fleet.replicas))
-            if i != victim
-            for rid, r in fleet.listed(i).items()
-            if r.connected
-        }
-        return still <= seen
-
     out: dict[str, Any] = {"kind": "kill", "restart_after_s": restart_after_s}
     try:
-        F.wait_until(guarded_again, 30, "runs guarded again", step=0.005)
+        F.wait_until(lambda: fleet.guarded_again(victim, on_victim), 30, "guarded", step=0.005)
         out["guarded_again_s"] = round(time.monotonic() - killed, 3)
     except AssertionError:
         out["guarded_again_s"] = None
@@ -105,20 +89,11 @@ def trial(root: Path, kind: str, delay_s: float, agents_n: int, bounded: int) ->
         for a in agents:
             a.go()
         out = (_kill if kind == "kill" else _redis)(fleet, agents, delay_s)
-        for a in agents:
-            F.wait_until(lambda a=a: len(a.ended()) >= bounded, 120, f"{a.tenant} bounded")
-        for t in sorted({a.tenant for a in agents}):
-            fleet.cancel_tenant(t)
-        out["sdk_undelivered"] = sum(
-            a.finish(60)["stats"].get("control_records_unacknowledged", 0) for a in agents
-        )
-        verdict = fleet.verdict()
+        out.update(fleet.end(bounded))
         out["records_claimed_elsewhere"] = _claimed_elsewhere(fleet)
         out["fail_open_logged"] = sum(
             "unreachable for record claims" in r.log() for r in fleet.replicas
         )
-    out.update(F.tally(agents, verdict, idle_reason="operator_cancel"))
-    out["rows_by_replica"] = verdict["by_replica"]
     return out
 
 
@@ -146,7 +121,7 @@ def main() -> int:
         trials.append(t)
         print(json.dumps(t), file=sys.stderr, flush=True)
     keys = ("lost", "rows_twice", "rows_unknown", "anonymous", "early_stops")
-    keys += ("idle_wrong_reason", "sdk_undelivered")
+    keys += ("idle_wrong_reason", "unacknowledged")
     total = {k: sum(t[k] for t in trials) for k in keys}
     times = [t["guarded_again_s"] for t in trials if t["kind"] == "kill"]
     measured = [s for s in times if s is not None]

@@ -165,6 +165,46 @@ class Fleet:
             if r.connected
         }
 
+    def kill_holder(self, agent: F.FleetAgent) -> tuple[int, set[str]]:
+        """SIGKILL the replica holding ``agent``'s live runs (at least one must be live).
+        Returns its index and every run it held, of any agent."""
+        live = agent.live()
+        where = F.wait_until(lambda: (h := self.holders()) and live <= set(h) and h, 30, "held")
+        victim = where[next(iter(live))]
+        self.kill(victim)
+        return victim, {rid for rid, i in where.items() if i == victim}
+
+    def guarded_again(self, victim: int, runs: set[str]) -> bool:
+        """Is every one of ``runs`` still live in its agent connected on a replica other than
+        ``victim`` (as that replica's ListRuns shows it)?"""
+        still = runs & set().union(*(a.live() for a in self.agents))
+        seen = {
+            rid
+            for i in range(len(self.replicas))
+            if i != victim
+            for rid, r in self.listed(i).items()
+            if r.connected
+        }
+        return still <= seen
+
+    def end(self, bounded: int) -> dict[str, Any]:
+        """Let every agent's bounded runs finish, cancel the idle ones (through every replica),
+        wait for the agents to exit (each waits for its records' acks), stop the replicas and
+        tally the union of their stores (``F.tally``, plus ``unacknowledged``: records the
+        SDKs could not deliver, and ``by_replica``: rows per replica)."""
+        for a in self.agents:
+            F.wait_until(lambda a=a: len(a.ended()) >= bounded, 120, f"{a.tenant} bounded runs")
+        for t in sorted({a.tenant for a in self.agents}):
+            self.cancel_tenant(t)
+        unacked = sum(
+            a.finish(60)["stats"].get("control_records_unacknowledged", 0) for a in self.agents
+        )
+        verdict = self.verdict()
+        out = F.tally(self.agents, verdict, idle_reason="operator_cancel")
+        out["unacknowledged"] = unacked
+        out["by_replica"] = verdict["by_replica"]
+        return out
+
     def cancel_tenant(self, tenant: str) -> list[str]:
         """``otel-guard cancel --tenant`` through every live replica (one replica reaches the
         whole fleet only once the directive bus routes cancels)."""

@@ -16,21 +16,6 @@ pytestmark = pytest.mark.slow
 _TENANTS = ("acme", "globex", "initech")
 
 
-def _end(fleet: Fleet, agents: list[F.FleetAgent], bounded: int) -> dict:
-    """Let the bounded runs finish, cancel the idle ones, wait for every agent to exit
-    (its shutdown waits for every record's ack), and read the stores back."""
-    for a in agents:
-        F.wait_until(lambda a=a: len(a.ended()) >= bounded, 60, f"{a.tenant} bounded runs")
-    for t in sorted({a.tenant for a in agents}):
-        fleet.cancel_tenant(t)
-    unacked = sum(a.finish(60)["stats"].get("control_records_unacknowledged", 0) for a in agents)
-    verdict = fleet.verdict()
-    out = F.tally(agents, verdict, idle_reason="operator_cancel")
-    out["unacknowledged"] = unacked
-    out["by_replica"] = verdict["by_replica"]
-    return out
-
-
 def _clean(t: dict) -> None:
     bad = ("lost", "rows_twice", "rows_unknown", "anonymous", "early_stops", "idle_wrong_reason")
     assert all(t[k] == 0 for k in bad), t
@@ -44,26 +29,12 @@ def test_replica_sigkilled_mid_fleet(tmp_path: Path) -> None:
         for a in agents:
             a.go()
         F.wait_until(lambda: all(len(a.live()) >= 2 for a in agents), 30, "runs live")
-        live0 = agents[0].live()
-        where = F.wait_until(lambda: (h := fleet.holders()) and live0 <= set(h) and h, 20, "held")
-        victim = where[next(iter(live0))]
-        on_victim = {rid for rid, i in where.items() if i == victim}
-        fleet.kill(victim)
-
-        def guarded_again() -> bool:  # connected on a survivor, as ListRuns shows it
-            still = on_victim & set().union(*(a.live() for a in agents))
-            seen = {
-                rid
-                for i in range(3)
-                if i != victim
-                for rid, r in fleet.listed(i).items()
-                if r.connected
-            }
-            return still <= seen
-
-        F.wait_until(guarded_again, 15, "the victim's runs guarded on a survivor", step=0.01)
+        victim, on_victim = fleet.kill_holder(agents[0])
+        F.wait_until(  # connected on a survivor, as its ListRuns shows them
+            lambda: fleet.guarded_again(victim, on_victim), 15, "runs guarded again", step=0.01
+        )
         fleet.start(victim)  # same data dir: replays its WAL, claims what it holds
-        t = _end(fleet, agents, bounded=4)
+        t = fleet.end(bounded=4)
     _clean(t)
     assert on_victim and t["runs"] == 3 * 5
 
@@ -120,7 +91,7 @@ def test_redis_stopped_and_restarted_mid_fleet(tmp_path: Path) -> None:
             30,
             "claims back",
         )
-        t = _end(fleet, agents, bounded=5)
+        t = fleet.end(bounded=5)
     _clean(t)
     for r in down:
         assert r.log().count("unreachable for record claims") == 1, r.name

@@ -215,3 +215,21 @@ def test_without_redis_the_store_claims_nothing(tmp_path: Path) -> None:
         assert s.flush(30)
         assert s.claims is None and s.counters()["records_unclaimed"] == 0
     assert not (tmp_path / "a" / "store" / "holder").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--record-claim-ttl-s", "60"], "--record-claim-ttl-s needs --redis"),
+        (["--redis", "redis://127.0.0.1:1/0", "--record-claim-ttl-s", "0"], "claim_ttl_s"),
+    ],
+)
+def test_serve_refuses_a_bad_claim_setting(tmp_path: Path, args: list[str], message: str) -> None:
+    serve = [sys.executable, "-m", "guard.cli", "serve", "--listen", "127.0.0.1:0"]
+    out = subprocess.run(
+        [*serve, "--data-dir", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
