@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "OTEL_GUARD_REDIS_URL; default: one process, state in memory)",
     )
     parser.add_argument(
+        "--record-claim-ttl-s",
+        type=float,
+        default=None,
+        help="with --redis: how long a replica's claim of a run record lasts, so another "
+        "replica drops a re-sent copy (default 3600; see guard/store/_claims.py)",
+    )
+    parser.add_argument(
         "--metrics-listen",
         default=None,
         help="HOST:PORT of a Prometheus scrape endpoint for the guard's own metrics "
@@ -165,7 +172,20 @@ def _open_sink(args: argparse.Namespace, config: Any) -> Any:
     from pathlib import Path
 
     retention = getattr(getattr(config, "store", None), "retention_days", 90)
-    return open_store(args.clickhouse, data_dir=Path(args.data_dir), retention_days=retention)
+    claims: dict[str, Any] = {}
+    if args.redis:  # one replica of several: claim each run record fleet-wide
+        from guard.server._app import check_redis_url
+
+        claims = {"redis_url": check_redis_url(args.redis), "guard_id": args.guard_id}
+        if args.record_claim_ttl_s is not None:
+            claims["claim_ttl_s"] = args.record_claim_ttl_s
+    elif args.record_claim_ttl_s is not None:
+        from guard.errors import ConfigError
+
+        raise ConfigError("--record-claim-ttl-s needs --redis", path="record_claim_ttl_s")
+    return open_store(
+        args.clickhouse, data_dir=Path(args.data_dir), retention_days=retention, **claims
+    )
 
 
 async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from guard.errors import ConfigError, StoreError
 from guard.policy._types import Outcome
+from guard.store._claims import DEFAULT_CLAIM_TTL_S, RecordClaims, holder_id
 from guard.store._dsn import Dsn, connect, parse_dsn
 from guard.store._records import DecisionRecord
 from guard.store._reporting import Report, query_report
@@ -30,6 +31,7 @@ log = logging.getLogger("guard.store")
 
 _COUNTERS = (
     "queued", "written", "spooled", "replayed", "dropped", "dead_lettered", "deduplicated",
+    "records_claimed_elsewhere", "records_unclaimed", "records_claim_conflicts",
 )  # fmt: skip
 
 
@@ -41,11 +43,18 @@ def open_store(
     batch_rows: int = 10_000,
     flush_interval_s: float = 0.5,
     max_queue: int = 200_000,
+    redis_url: str | None = None,
+    guard_id: str | None = None,
+    claim_ttl_s: float = DEFAULT_CLAIM_TTL_S,
 ) -> Store:
     """Open (and migrate) the store. ``dsn`` None = embedded ``chdb://{data_dir}/clickhouse``.
 
     ``data_dir`` also holds the writer's WAL and spool (for http DSNs too), and is locked
     for this process: raises StoreError when another process holds it.
+
+    ``redis_url`` (``serve --redis``): this store is one replica's of several, and each run
+    record is claimed fleet-wide before it is inserted (``_claims``; a claim lasts
+    ``claim_ttl_s``; ``guard_id`` names this replica in the claims). None: no claims.
     """
     store = Store(
         parse_dsn(dsn, data_dir=Path(data_dir)),
@@ -54,6 +63,9 @@ def open_store(
         batch_rows=batch_rows,
         flush_interval_s=flush_interval_s,
         max_queue=max_queue,
+        redis_url=redis_url,
+        guard_id=guard_id,
+        claim_ttl_s=claim_ttl_s,
     )
     return store
 
@@ -95,6 +107,9 @@ class Store:
         batch_rows: int,
         flush_interval_s: float,
         max_queue: int,
+        redis_url: str | None = None,
+        guard_id: str | None = None,
+        claim_ttl_s: float = DEFAULT_CLAIM_TTL_S,
     ) -> None:
         self.dsn = dsn
         self.database = dsn.database
@@ -117,6 +132,10 @@ class Store:
             self._recover()
             self._retention_days = retention_days
             self._migrated = False
+            self.claims = None
+            if redis_url is not None:  # connects lazily: a Redis down at start is not fatal
+                holder = holder_id(base, guard_id)
+                self.claims = RecordClaims(redis_url, holder, ttl_s=claim_ttl_s)
             client = self._connect_writer(at_open=True)
         except Exception as ex:
             self._release()
@@ -134,6 +153,7 @@ class Store:
             epoch=self._epoch,
             batch_rows=batch_rows,
             flush_interval_s=flush_interval_s,
+            claims=self.claims,
         )
         self._writer.client = client
         self._writer.start()
@@ -277,7 +297,10 @@ class Store:
     # -- control --------------------------------------------------------------------------
 
     def counters(self) -> dict[str, int]:
-        """queued, written, spooled, replayed, dropped, dead_lettered, deduplicated, pending."""
+        """queued, written, spooled, replayed, dropped, dead_lettered, deduplicated, pending;
+        with record claims (``redis_url``) also records_claimed_elsewhere (dropped: another
+        replica holds them), records_unclaimed (stored while Redis was unreachable) and
+        records_claim_conflicts (of those, the ones another replica stored too)."""
         with self._lock:
             out = dict(self._counters)
             out["pending"] = len(self._q)
@@ -331,6 +354,8 @@ class Store:
                 with contextlib.suppress(Exception):  # closing is best effort
                     client.close()
         self._spool.close()
+        if self.claims is not None and not self._writer.is_alive():
+            self.claims.close()
         self._release()
 
     def _release(self) -> None:

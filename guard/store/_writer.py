@@ -21,6 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
+from guard.store._claims import RecordClaims
 from guard.store._dedup import CommittedRuns
 from guard.store._isolate import bisect_insert, split_rows
 from guard.store._rows import dead_letter_row
@@ -58,8 +59,10 @@ class Writer(threading.Thread):
         epoch: str,
         batch_rows: int,
         flush_interval_s: float,
+        claims: RecordClaims | None = None,
     ) -> None:
         super().__init__(name="otel-guard-store-writer", daemon=True)
+        self.claims = claims  # fleet-wide record claims (serve --redis), else None
         self._client_factory = client_factory
         self.client: Any = None
         self._db = database
@@ -94,6 +97,8 @@ class Writer(threading.Thread):
             try:
                 self._drain()
                 self._replay()
+                if self.claims is not None:  # what was stored while Redis was down
+                    self._c["records_claim_conflicts"] += self.claims.backfill()
             except Exception:  # never let the thread die: records are safe in the WAL
                 log.exception("store writer cycle failed; retrying")
                 time.sleep(0.2)
@@ -195,6 +200,12 @@ class Writer(threading.Thread):
             ids.append(run_id)
         while len(self._recent) > _RECENT_RUN_IDS:
             self._recent.popitem(last=False)
+        if rows and self.claims is not None:  # before anything is written under its token
+            held = self._claimed_elsewhere(ids)
+            if held:
+                self._c["deduplicated"] += len(held)
+                excluded.update(dict.fromkeys(sorted(held)))
+                rows, ids = _without(rows, ids, held)
         final = False
         if rows and self._live():
             try:
@@ -206,8 +217,7 @@ class Writer(threading.Thread):
                 if present:
                     self._c["deduplicated"] += len(present)
                     excluded.update(dict.fromkeys(sorted(present)))
-                    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in present]
-                    rows, ids = [r for r, _ in kept], [i for _, i in kept]
+                    rows, ids = _without(rows, ids, present)
         self.committed.add(ids)
         return ("R" if final else "r"), token, rows, list(excluded), final
 
@@ -313,8 +323,7 @@ class Writer(threading.Thread):
             if excluded:
                 drop = set(excluded)
                 self._c["deduplicated"] += sum(1 for k in keys if k in drop)
-                kept = [(r, k) for r, k in zip(rows, keys, strict=True) if k not in drop]
-                rows, keys = [r for r, _ in kept], [k for _, k in kept]
+                rows, keys = _without(rows, keys, drop)
         delivered = self._insert_isolating(kind, token, rows) if rows else 0
         if kind in "rR":
             self.committed.add(keys)
@@ -331,12 +340,28 @@ class Writer(threading.Thread):
         decided = self._spool.decided(token)
         if decided is not None:
             return decided
-        excluded = sorted(self.committed.present(self._client(), keys))
+        present = self.committed.present(self._client(), keys)
+        if self.claims is not None:  # e.g. a recovered WAL record another replica stored since
+            present |= self._claimed_elsewhere([k for k in dict.fromkeys(keys) if k not in present])
+        excluded = sorted(present)
         final = token
         if excluded:  # other content than any earlier attempt: another token
             final = f"{token}~{hashlib.sha1(' '.join(excluded).encode()).hexdigest()[:12]}"
         self._spool.decide(token, final, excluded)
         return final, excluded
+
+    def _claimed_elsewhere(self, ids: list[str]) -> set[str]:
+        """Claim ``ids`` fleet-wide (``_claims``); the ones another replica holds. Redis
+        unreachable: none (fail open), counted."""
+        assert self.claims is not None
+        held = self.claims.claim(ids)
+        if held is None:
+            self._c["records_unclaimed"] += len(ids)
+            return set()
+        if held:
+            self._c["records_claimed_elsewhere"] += len(held)
+            log.info("store: %d run records are another replica's; not stored here", len(held))
+        return held
 
     def _mark_down(self, ex: Exception) -> None:
         self.failed_at = time.monotonic()
@@ -370,6 +395,12 @@ class Writer(threading.Thread):
                 "deduplicate_blocks_in_dependent_materialized_views": 1,
             },
         )
+
+
+def _without(rows: list[str], ids: list[str], drop: set[str]) -> tuple[list[str], list[str]]:
+    """The rows (and their run ids) whose run id is not in ``drop``."""
+    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in drop]
+    return [r for r, _ in kept], [i for _, i in kept]
 
 
 def _key(rec: tuple[int, str, str]) -> str:
