@@ -30,3 +30,17 @@ def test_unknown_command_is_an_error() -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["frobnicate"])
     assert exc.value.code == 2
+
+
+def test_serve_reads_the_clickhouse_dsn_from_the_environment(monkeypatch):
+    """OTEL_GUARD_CLICKHOUSE_DSN is --clickhouse's default (the Helm chart passes the DSN so,
+    keeping its password off the command line); the flag still wins."""
+    import argparse
+
+    from guard.cli import _serve
+
+    monkeypatch.setenv("OTEL_GUARD_CLICKHOUSE_DSN", "http://u:p@ch:8123/")
+    parser = argparse.ArgumentParser()
+    _serve.add_arguments(parser)
+    assert parser.parse_args([]).clickhouse == "http://u:p@ch:8123/"
+    assert parser.parse_args(["--clickhouse", "chdb://x"]).clickhouse == "chdb://x"

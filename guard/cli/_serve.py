@@ -48,7 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--config", default=None, help="policy file (YAML, DESIGN §3.3b)")
     parser.add_argument(
-        "--clickhouse", default=None, help="store DSN, e.g. http://user:pass@host:8123/"
+        "--clickhouse",
+        default=os.environ.get("OTEL_GUARD_CLICKHOUSE_DSN") or None,
+        help="store DSN, e.g. http://user:pass@host:8123/ (env OTEL_GUARD_CLICKHOUSE_DSN, "
+        "which keeps a password off the command line)",
     )
     parser.add_argument(
         "--data-dir", default="./.otel-guard", help="embedded store and spool directory"

@@ -51,6 +51,9 @@ _LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 _LAG_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STORE_OUTCOMES = (
     "queued", "written", "spooled", "replayed", "dropped", "dead_lettered", "deduplicated",
+    # record claims across replicas (guard.store._claims): held by another replica, stored
+    # while Redis was unreachable, and stored by two replicas (found after an outage)
+    "records_claimed_elsewhere", "records_unclaimed", "records_claim_conflicts",
 )  # fmt: skip
 _ALLOWANCES = (("granted", "allowance_grants"), ("exhausted", "allowance_exhausted"),
                ("unknown", "allowance_unknown"))  # fmt: skip
