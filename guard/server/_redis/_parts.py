@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from guard.server._parts import LocalBus, LocalDirectory, LocalTenantBudgets, Parts, PartsFactory
+from guard.server._parts import LocalTenantBudgets, Parts, PartsFactory
+from guard.server._redis._bus import RedisBus
 from guard.server._redis._client import StateClient
+from guard.server._redis._directory import RedisDirectory
+from guard.server._redis._fleet import Fleet
 
 __all__ = ["redis_parts"]
 
@@ -24,6 +27,9 @@ def redis_parts(config: Any, url: str, *, guard_id: str) -> PartsFactory:
     def build(registry: Any) -> Parts:
         state = StateClient(url)
         registry.state = state  # the replica's connection (metrics, Stats, tests)
-        return Parts(LocalTenantBudgets(registry), LocalDirectory(registry), LocalBus())
+        directory = RedisDirectory(registry, state, guard_id=guard_id)
+        bus = RedisBus(registry, state, guard_id=guard_id)
+        bus.fleet = Fleet(registry, directory, bus)  # GuardAdmin through any replica
+        return Parts(LocalTenantBudgets(registry), directory, bus)
 
     return build
