@@ -10,12 +10,11 @@ from typing import Any
 
 import grpc
 import pytest
+from redisstate._server import RedisServer
+from server.conftest import config
 
 from guard.server import GuardServer, MemorySink
 from guard.v1 import guard_pb2_grpc
-
-from redisstate._server import RedisServer
-from server.conftest import config
 
 
 @pytest.fixture(scope="module")
