@@ -177,3 +177,118 @@ async def test_ended_run_leaves_a_tombstone(fleet, redis_url):
         await asyncio.sleep(0.02)
     assert entry.replica == "x" and entry.tenant == "acme"
     await ax.close()
+
+
+async def test_fleet_admin_keeps_tenant_isolation(fleet, redis_url, monkeypatch):
+    from server.conftest import AUTH, AUTH_ENV
+
+    for k, v in AUTH_ENV.items():
+        monkeypatch.setenv(k, v)
+    await fleet.start(redis_url, "xyz", auth=AUTH)
+    acme = Agent(fleet["x"].address, token="acme-secret", tenant="acme")
+    await acme.connect()
+    await acme.start_run("a1", trace_id_of(2))
+    globex = Agent(fleet["y"].address, token="globex-secret", tenant="globex")
+    await globex.connect(process_id="g")
+    await globex.start_run("g1", trace_id_of(3))
+    admin = fleet.admin("z")
+
+    def md(token: str):
+        return (("authorization", f"Bearer {token}"),)
+
+    # a tenant token lists only its own tenant's runs, fleet-wide
+    resp = await admin.ListRuns(pb.ListRunsRequest(), metadata=md("acme-secret"))
+    assert [r.run_id for r in resp.runs] == ["a1"] and resp.total == 1
+    # another tenant's run id answers like an unknown one
+    for rid in ("g1", "nope"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await admin.Cancel(
+                pb.CancelRequest(selector=pb.Selector(run_id=rid)), metadata=md("acme-secret")
+            )
+        assert info.value.code() is grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await admin.Cancel(
+            pb.CancelRequest(selector=pb.Selector(tenant="globex")), metadata=md("acme-secret")
+        )
+    assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await admin.Cancel(
+            pb.CancelRequest(selector=pb.Selector(all=True)), metadata=md("acme-secret")
+        )
+    assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    # a tenant's --agent cancel reaches only its own runs on every replica
+    resp = await admin.Cancel(
+        pb.CancelRequest(selector=pb.Selector(agent="bot")), metadata=md("acme-secret")
+    )
+    assert list(resp.run_ids) == ["a1"]
+    assert not globex.directives("cancel")
+    # the admin token's --all reaches the whole fleet
+    resp = await admin.Cancel(
+        pb.CancelRequest(selector=pb.Selector(all=True)), metadata=md("admin-secret")
+    )
+    assert sorted(resp.run_ids) == ["a1", "g1"]
+    await globex.wait_for(lambda m: m.WhichOneof("body") == "cancel")
+    await acme.close()
+    await globex.close()
+
+
+async def test_redis_down_fleet_admin_answers_what_it_reaches_and_reclaims(
+    fleet, redis_url, redis_server
+):
+    await fleet.start(redis_url, "xy")
+    ax = await _runs_on(fleet, "x", ["x1"])
+    ay = await _runs_on(fleet, "y", ["y1"])
+    redis_server.stop()
+    # x still guards (and cancels) the runs it holds, and says the fleet was not reached
+    rpc = fleet.admin("x").Cancel(pb.CancelRequest(selector=pb.Selector(run_id="x1")))
+    resp = await rpc
+    assert list(resp.run_ids) == ["x1"]
+    trailer = dict(await rpc.trailing_metadata())
+    assert "redis unavailable" in trailer["otel-guard-partial"]
+    await ax.wait_for(lambda m: m.WhichOneof("body") == "cancel")
+    # Redis comes back empty: every replica writes its held entries anew
+    redis_server.start()
+    directory = fleet["x"].registry.directory
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while True:
+        try:
+            found = await directory.lookup(["x1", "y1"])
+        except Exception:
+            found = {}
+        if sorted((k, e.replica) for k, e in found.items()) == [("x1", "x"), ("y1", "y")]:
+            break
+        assert asyncio.get_running_loop().time() < deadline, found
+        await asyncio.sleep(0.1)
+    await ax.close()
+    await ay.close()
+
+
+async def test_cancel_decided_during_a_redis_blip_still_reaches_the_stream_replica(
+    fleet, redis_url, redis_server
+):
+    await fleet.start(redis_url, "xy", **LOOPY)
+    agent = await _runs_on(fleet, "y", ["r1"])
+    spans = Agent(fleet["x"].address)
+    tid = trace_id_of(100 + 10 * ord("y"))
+    await spans.export(numbered(step_span("r1", tid, 1), 1))
+    run = fleet["x"].registry.runs.get
+    assert await eventually(lambda: run("r1") is not None and run("r1").remote == "y")
+    redis_server.stop()
+    seq = 1
+    for i in range(2, 8):  # the loop is decided on x while Redis is away
+        seq += 2
+        await spans.export(
+            numbered(tool_span("r1", tid, "cd" * 16), seq - 1),
+            numbered(step_span("r1", tid, i), seq),
+        )
+    assert run("r1").stop_reason is not None
+    assert not agent.directives("cancel")
+    redis_server.start()  # back (empty): the bus's outbox is written, y reads it
+    msg = await agent.wait_for(lambda m: m.WhichOneof("body") == "cancel", timeout=10.0)
+    assert msg.cancel.reason == "loop_detected"
+    assert await eventually(
+        lambda: [d.action for d in fleet.sinks["y"].decisions if d.action == "cancel"] == ["cancel"]
+    )
+    assert not [d for d in fleet.sinks["x"].decisions if d.action == "cancel"]
+    await agent.close()
+    await spans.close()
