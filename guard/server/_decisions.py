@@ -288,13 +288,14 @@ class Decisions:
                 self, query.get("scope") or "", query.get("agent") or "", int(query["limit"])
             )
             return {"runs": [s.SerializeToString().hex() for s in statuses], "total": total}
-        target, value = query["target"], query["value"]
-        if target != "run_id":
-            self.deny_starts(target, value, principal, query.get("detail") or "")
+        target, value, detail = query["target"], query["value"], query.get("detail") or ""
         try:
-            return {"ids": self.cancel(target, value, query.get("detail") or "", principal)}
+            ids = self.cancel(target, value, detail, principal)
         except (UnknownRun, PermissionDenied):
             return {"ids": []}
+        if target != "run_id":  # after the permission checks (a refused cancel denies nothing)
+            self.deny_starts(target, value, principal, detail)
+        return {"ids": ids}
 
     def deny_starts(self, target: str, value: Any, principal: Principal, detail: str) -> None:
         """While a fleet cancel by selector is carried out, runs matching it that start here

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.policy import Budget, DecidedBy, LoopDetector, Reason
 from guard.server._decode import SEQ, TENANT, Decoded
+from guard.server._state import SeqGate
 from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,9 +125,14 @@ class Rejoin:
             return
         kept = run.seq_gate
         self._forget(run)
+        if run.tenant and run.tenant != entry.tenant:
+            # Another tenant's run: its spans are never counted nor its run touched (one id
+            # cannot name two runs); dropped, like spans naming another tenant's local run.
+            self.stats["foreign_remote_dropped"] = self.stats.get("foreign_remote_dropped", 0) + 1
+            return
         limits = entry.limits or self.config.effective_limits(None)
         limits = dataclasses.replace(limits, deadline_s=None)
-        run.seq_gate = None
+        run.seq_gate = SeqGate(0)  # each numbered span counts once, however often it is retried
         run.remote = entry.replica
         run.agent = entry.agent or run.agent
         run.parent_run_id = entry.parent_run_id

@@ -292,3 +292,27 @@ async def test_cancel_decided_during_a_redis_blip_still_reaches_the_stream_repli
     assert not [d for d in fleet.sinks["x"].decisions if d.action == "cancel"]
     await agent.close()
     await spans.close()
+
+
+async def test_spans_of_another_tenants_remote_run_are_never_counted(fleet, redis_url, monkeypatch):
+    from server.conftest import AUTH, AUTH_ENV
+
+    for k, v in AUTH_ENV.items():
+        monkeypatch.setenv(k, v)
+    await fleet.start(redis_url, "xy", auth=AUTH, **LOOPY)
+    globex = Agent(fleet["y"].address, token="globex-secret", tenant="globex")
+    await globex.connect(process_id="g")
+    tid = trace_id_of(3)
+    await globex.start_run("g1", tid)
+    acme = Agent(fleet["x"].address, token="acme-secret", tenant="acme")  # its token, x
+    for i in range(1, 8):  # a loop, under globex's run id, with acme's token
+        await acme.export(
+            numbered(tool_span("g1", tid, "ef" * 16), 2 * i - 1),
+            numbered(step_span("g1", tid, i), 2 * i),
+        )
+    x = fleet["x"].registry
+    assert await eventually(lambda: x.stats.get("foreign_remote_dropped", 0) >= 1)
+    assert "g1" not in x.runs or x.runs["g1"].remote is None
+    assert not await eventually(lambda: bool(globex.directives("cancel")), timeout=1.0)
+    await globex.close()
+    await acme.close()

@@ -21,6 +21,7 @@ from typing import Any
 
 from guard.errors import StateUnavailable
 from guard.server._auth import Principal
+from guard.server._status import UnknownRun
 from guard.v1 import guard_pb2 as pb
 
 __all__ = ["FLEET_WAIT_S", "Fleet", "FleetAnswer"]
@@ -53,16 +54,12 @@ class Fleet:
         reg = self._registry
         query = {"op": "cancel", "target": target, "value": value, "detail": detail}
         query.update(tenant=principal.tenant, admin=principal.admin)
-        if target != "run_id":
-            reg.deny_starts(target, value, principal, detail)
         try:
             ids = reg.cancel(target, value, detail, principal)  # permission errors raise here
-        except Exception as exc:
-            from guard.server._status import UnknownRun
-
-            if not isinstance(exc, UnknownRun):
-                raise
-            ids = []
+        except UnknownRun:
+            ids = []  # not held here: maybe by another replica
+        if target != "run_id":
+            reg.deny_starts(target, value, principal, detail)
         answer = await self.ask(query)
         seen = set(ids)
         for reply in answer.replies:
