@@ -5,34 +5,16 @@ on 127.0.0.1:0)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
-from redisstate._server import RedisServer
+from redisstate.conftest import redis_server, redis_url  # noqa: F401 (the same fixtures)
 from server.conftest import config
 
 from guard.server import GuardServer, MemorySink
 from guard.v1 import guard_pb2_grpc
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path_factory.mktemp("redis"))
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    if redis_server.proc is None:  # a test stopped it
-        redis_server.start()
-    redis_server.command("FLUSHALL")
-    return redis_server.url
 
 
 class Fleet:

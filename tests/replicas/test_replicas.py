@@ -121,7 +121,8 @@ async def test_list_runs_through_any_replica_shows_every_run_once(fleet, redis_u
     await ay.close()
 
 
-async def test_remote_run_is_listed_once_by_its_stream_replica(fleet, redis_url):
+async def _remote_run(fleet, redis_url):
+    """Replicas x, y; run r1's stream on y, its first span on x: x guards it as y's run."""
     await fleet.start(redis_url, "xy", **LOOPY)
     agent = await _runs_on(fleet, "y", ["r1"])
     spans = Agent(fleet["x"].address)
@@ -129,6 +130,11 @@ async def test_remote_run_is_listed_once_by_its_stream_replica(fleet, redis_url)
     await spans.export(numbered(step_span("r1", tid, 1), 1))
     run = fleet["x"].registry.runs.get
     assert await eventually(lambda: run("r1") is not None and run("r1").remote == "y")
+    return agent, spans, tid, run
+
+
+async def test_remote_run_is_listed_once_by_its_stream_replica(fleet, redis_url):
+    agent, spans, _, _ = await _remote_run(fleet, redis_url)
     resp = await fleet.admin("x").ListRuns(pb.ListRunsRequest())
     assert [(r.run_id, r.guard_id) for r in resp.runs] == [("r1", "y")]
     await agent.close()
@@ -266,13 +272,7 @@ async def test_redis_down_fleet_admin_answers_what_it_reaches_and_reclaims(
 async def test_cancel_decided_during_a_redis_blip_still_reaches_the_stream_replica(
     fleet, redis_url, redis_server
 ):
-    await fleet.start(redis_url, "xy", **LOOPY)
-    agent = await _runs_on(fleet, "y", ["r1"])
-    spans = Agent(fleet["x"].address)
-    tid = trace_id_of(100 + 10 * ord("y"))
-    await spans.export(numbered(step_span("r1", tid, 1), 1))
-    run = fleet["x"].registry.runs.get
-    assert await eventually(lambda: run("r1") is not None and run("r1").remote == "y")
+    agent, spans, tid, run = await _remote_run(fleet, redis_url)
     redis_server.stop()
     seq = 1
     for i in range(2, 8):  # the loop is decided on x while Redis is away
@@ -316,3 +316,24 @@ async def test_spans_of_another_tenants_remote_run_are_never_counted(fleet, redi
     assert not await eventually(lambda: bool(globex.directives("cancel")), timeout=1.0)
     await globex.close()
     await acme.close()
+
+
+async def test_run_that_failed_over_to_another_replica_gets_no_agent_lost(fleet, redis_url):
+    await fleet.start(redis_url, "xz", guard={"agent_grace_s": 1.0})
+    first = await _runs_on(fleet, "x", ["r1"])
+    x = fleet["x"].registry
+    await first.close()  # x's stream drops: r1 is detached on x, within the grace
+    assert await eventually(lambda: x.runs.get("r1") is not None and not x.runs["r1"].connected)
+    again = Agent(fleet["z"].address)  # the agent fails over and re-registers on z
+    rs = pb.RunStarted(run_id="r1", trace_id=trace_id_of(100 + 10 * ord("x")).hex(), agent="bot")
+    rs.tenant = "acme"
+    await again.connect(live_runs=[rs], process_id="p-x")
+    # x sees z hold it now: no agent_lost from x, ever
+    assert await eventually(lambda: x.runs.get("r1") is None or x.runs["r1"].remote == "z")
+    assert "r1" not in x.detached  # so no grace runs out for it on x (sweep's agent_lost)
+    await again.end_run("r1")
+    assert await eventually(lambda: fleet.sinks["z"].run("r1") is not None)
+    x.sweep()
+    assert fleet.sinks["x"].runs == []
+    assert [o.run_id for o in fleet.sinks["z"].runs] == ["r1"]
+    await again.close()

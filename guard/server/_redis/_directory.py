@@ -166,8 +166,10 @@ class RedisDirectory:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
-        with contextlib.suppress(StateUnavailable):  # best effort: they lapse anyway
-            await self._send_ends(set(self.held) | self._ends)
+        # The runs still held are NOT marked ended: their agents fail over to another replica
+        # and re-register there (that claim moves the entry; else it lapses within ttl_s).
+        with contextlib.suppress(StateUnavailable):
+            await self._send_ends(self._ends)
             await self.state.pipeline([("ZREM", self.replicas_key, self.guard_id)])
 
     async def _run(self) -> None:
