@@ -4,8 +4,10 @@
 registry gets its own :class:`StateClient` (one connection pool to the shared Redis); a part
 with background work starts and closes with the guard (``Parts.start``/``close``).
 
-Interim (issue 12 in progress): the tenant budgets, the run directory and the directive bus
-are still the in-memory ones here; each is replaced by its Redis implementation as it lands.
+The run directory (:class:`~guard.server._redis._directory.RedisDirectory`) and the
+directive bus (:class:`~guard.server._redis._bus.RedisBus`, which also carries the fleet's
+``GuardAdmin`` queries, :mod:`guard.server._redis._fleet`) are Redis-backed. Interim (issue
+12 in progress): the tenant budgets are still the in-memory ones here.
 """
 
 from __future__ import annotations
