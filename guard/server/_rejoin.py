@@ -16,6 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import Budget, DecidedBy, LoopDetector, Reason
+from guard.server._decisions import decision_record
 from guard.server._decode import SEQ, TENANT, Decoded
 from guard.server._state import SeqGate
 from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
@@ -44,6 +45,7 @@ class Rejoin:
     ingest: Any
     stop_run: Any
     directory: Any
+    bus: Any
     config: Any
     _forget: Any
     _remember_ended: Any
@@ -151,6 +153,26 @@ class Rejoin:
             from guard.server._auth import Principal
 
             self.ingest(decoded, Principal(tenant=run.tenant, admin=False))
+
+    def remote_moved(self, run: RunState, holder: str) -> None:
+        """The remote ``run``'s agent re-registered on another replica (its holder failed):
+        decisions go there now. A cancel already sent to the old holder may have died with
+        it: it is sent again (the new holder drops it if its run is already stopping)."""
+        run.remote = holder
+        if run.stop_reason is not None:
+            by = run.stop_by.value if run.stop_by is not None else DecidedBy.GUARD.value
+            record = decision_record(
+                run.run_id,
+                run.tenant,
+                run.agent,
+                "cancel",
+                run.stop_reason.value,
+                run.stop_detail,
+                None,
+                None,
+                by,
+            )
+            self.bus.deliver(run, record)
 
     def ended_remotely(self, run: RunState) -> None:
         """The directory says the remote ``run`` ended (its holder wrote the record)."""

@@ -337,3 +337,34 @@ async def test_run_that_failed_over_to_another_replica_gets_no_agent_lost(fleet,
     assert fleet.sinks["x"].runs == []
     assert [o.run_id for o in fleet.sinks["z"].runs] == ["r1"]
     await again.close()
+
+
+async def test_cancel_sent_to_a_dead_holder_is_sent_again_to_the_new_one(fleet, redis_url):
+    await fleet.start(redis_url, "xyz", **LOOPY)
+    first = await _runs_on(fleet, "y", ["r1"])
+    spans = Agent(fleet["x"].address)
+    tid = trace_id_of(100 + 10 * ord("y"))
+    await spans.export(numbered(step_span("r1", tid, 1), 1))
+    x = fleet["x"].registry
+    assert await eventually(lambda: x.runs.get("r1") is not None and x.runs["r1"].remote == "y")
+    # y stops working (as when it is killed): it reads no directive, renews no entry
+    y = fleet["y"].registry
+    for task in [y.directory._task, *y.bus._tasks]:
+        task.cancel()
+    for i in range(2, 8):  # x decides the loop and sends the cancel to y's stream: unread
+        await spans.export(
+            numbered(tool_span("r1", tid, "12" * 16), 2 * i),
+            numbered(step_span("r1", tid, i), 2 * i + 1),
+        )
+    assert x.runs["r1"].stop_reason is not None
+    # the agent fails over to z and re-registers r1 there
+    again = Agent(fleet["z"].address)
+    rs = pb.RunStarted(run_id="r1", trace_id=tid.hex(), agent="bot", tenant="acme")
+    await again.connect(live_runs=[rs], process_id="p-y")
+    msg = await again.wait_for(
+        lambda m: m.WhichOneof("body") == "cancel" and m.cancel.run_id == "r1", timeout=10.0
+    )
+    assert msg.cancel.reason == "loop_detected"
+    await first.close()
+    await again.close()
+    await spans.close()

@@ -339,7 +339,7 @@ class RedisDirectory:
             elif entry.replica != run.remote:
                 if entry.replica == self.guard_id:
                     continue  # it re-registered here: register() adopts it
-                run.remote = entry.replica
+                reg.remote_moved(run, entry.replica)
 
     async def replicas(self) -> list[str]:
         """The live replicas (this one included)."""
