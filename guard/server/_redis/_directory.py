@@ -57,6 +57,16 @@ for i, k in ipairs(KEYS) do
 end
 return 0
 """
+# Renews the entries this replica holds; says who holds each other one (0: nobody, lapsed).
+_RENEW_LUA = """
+local out = {}
+for i, k in ipairs(KEYS) do
+  local r = redis.call('HGET', k, 'r')
+  if r == ARGV[1] then redis.call('PEXPIRE', k, ARGV[2]); out[i] = 1
+  elseif r then out[i] = r else out[i] = 0 end
+end
+return out
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,19 +270,17 @@ class RedisDirectory:
         ids = list(self.held)
         for i in range(0, len(ids), _BATCH):
             chunk = ids[i : i + _BATCH]
-            # HGET r then PEXPIRE: who holds it now, and renewed only if that is us (below)
-            out = await self.state.pipeline([("HGET", self.key(r), "r") for r in chunk])
-            renew, lost = [], []
+            keys = [self.key(r) for r in chunk]
+            cmd = ("EVAL", _RENEW_LUA, len(keys), *keys, self.guard_id, self.ttl_ms)
+            (out,) = await self.state.pipeline([cmd])
+            lost = []
             for rid, holder in zip(chunk, out, strict=True):
-                if holder == self.guard_id:
-                    renew.append(("PEXPIRE", self.key(rid), self.ttl_ms))
-                elif holder is None:
+                if holder == 1:
+                    self.stats["renewals"] += 1
+                elif holder == 0:
                     lost.append(rid)  # lapsed (Redis blip or restart): written again
                 else:
                     self._moved(rid, holder)
-            if renew:
-                await self.state.pipeline(renew)
-            self.stats["renewals"] += len(renew)
             for rid in lost:
                 if rid in self.held:
                     self._claims[rid] = self.held[rid]
