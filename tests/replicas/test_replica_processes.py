@@ -4,11 +4,9 @@ another, as trace-ID load balancing does, and a fleet cancel through the third."
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from server.conftest import config
-from server.test_e2e_processes import AgentProc, _start
+from server.test_e2e_processes import AgentProc, _start, _wait_live
 
 from guard.cli._client import AdminClient
 from guard.server import MemorySink, ServerThread
@@ -22,16 +20,6 @@ def _replicas(url: str, cfg) -> tuple[dict[str, ServerThread], dict[str, MemoryS
         sinks[name] = MemorySink()
         servers[name] = ServerThread(cfg, sink=sinks[name], guard_id=name, redis_url=url).start()
     return servers, sinks
-
-
-def _wait_connected(address: str, n: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    with AdminClient(address) as c:
-        while time.monotonic() < deadline:
-            if sum(1 for r in c.list_runs().runs if r.connected) >= n:
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} connected runs in the fleet after {timeout}s")
 
 
 def test_spans_on_one_replica_stream_on_another_and_fleet_cancel_through_a_third(
@@ -60,7 +48,7 @@ def test_spans_on_one_replica_stream_on_another_and_fleet_cancel_through_a_third
         on_y = AgentProc(y, "acme", "idle", "idle-y")
         agents += [on_x, on_y]
         _start(on_x, on_y)
-        _wait_connected(z, 2)
+        _wait_live(z, 2)  # through z: the fleet's runs
         with AdminClient(z) as admin:
             ids = admin.cancel(tenant="acme")
         ended_ids = []
