@@ -113,6 +113,7 @@ def run_status_to_pb(
     metric: str | None,
     state: str,
     connected: bool,
+    guard_id: str = "",
 ) -> pb.RunStatus:
     from guard.wire import limits_to_pb, usage_to_pb
 
@@ -129,6 +130,7 @@ def run_status_to_pb(
         metric=metric or "",
         state=state,
         connected=connected,
+        guard_id=guard_id,
     )
 
 

@@ -18,12 +18,12 @@ from guard.bounds import MAX_QUERY_UNIX_S, check_finite, check_id, check_text
 from guard.errors import GuardUnavailable, InvalidInput
 from guard.server._auth import Principal
 from guard.server._state import RunState
-from guard.server._status import PermissionDenied, grpc_errors
+from guard.server._status import PermissionDenied, UnknownRun, grpc_errors
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 from guard.wire import run_status_to_pb
 
-__all__ = ["AdminServicer", "run_status"]
+__all__ = ["AdminServicer", "local_statuses", "run_status"]
 
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 100_000
@@ -31,7 +31,31 @@ LIST_SLICE = 500  # run statuses built between two yields to the event loop
 MAX_BUCKET_S = 366 * 86_400  # Report bucket width
 
 
-def run_status(run: RunState) -> pb.RunStatus:
+def _fleet_partial(context: Any, missing: list[str]) -> None:
+    """Several replicas: tell the caller which did not answer (trailer
+    ``otel-guard-partial``; the answer holds what the others said)."""
+    if missing:
+        text = "; ".join(missing)[:1000]
+        context.set_trailing_metadata((("otel-guard-partial", f"no answer from: {text}"),))
+
+
+def _select(registry: Any, tenant: str, agent: str) -> list[RunState]:
+    """The runs whose streams this replica holds (not the ones it guards for another),
+    of ``tenant`` / ``agent`` when given, oldest first."""
+    runs = registry.table.tenant_runs(tenant) if tenant else list(registry.runs.values())
+    runs = [r for r in runs if r.remote is None and (not agent or r.agent == agent)]
+    runs.sort(key=lambda r: r.started_at)
+    return runs
+
+
+def local_statuses(registry: Any, tenant: str, agent: str, limit: int) -> tuple[list, int]:
+    """(statuses of at most ``limit`` of this replica's runs, how many it has): one
+    replica's part of a fleet ListRuns."""
+    runs = _select(registry, tenant, agent)
+    return [run_status(r, registry.guard_id) for r in runs[:limit]], len(runs)
+
+
+def run_status(run: RunState, guard_id: str = "") -> pb.RunStatus:
     budget = run.budget
     util, metric = budget.utilisation()
     if run.detached_at is not None:
@@ -55,6 +79,7 @@ def run_status(run: RunState) -> pb.RunStatus:
         metric=metric,
         state=state,
         connected=run.connected,
+        guard_id=guard_id,
     )
 
 
@@ -79,7 +104,16 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         if target != "all":
             check_id(f"selector.{target}", value)
         check_text("reason", request.reason)
-        ids = self.app.registry.cancel(target, value, request.reason, principal)
+        registry = self.app.registry
+        fleet = getattr(registry.bus, "fleet", None)
+        if fleet is None:  # one guard process
+            ids = registry.cancel(target, value, request.reason, principal)
+            return pb.CancelResponse(run_ids=ids)
+        ids, missing = await fleet.cancel(target, value, request.reason, principal)
+        _fleet_partial(context, missing)
+        if target == "run_id" and not ids:
+            registry.get(value, principal)  # raises NOT_FOUND (the fleet has no such run)
+            raise UnknownRun(f"run {value[:64]!r} is not live on this guard")
         return pb.CancelResponse(run_ids=ids)
 
     @grpc_errors
@@ -94,16 +128,13 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
                 )
             tenant = principal.tenant
         registry = self.app.registry
-        if tenant:
-            runs = [
-                registry.runs[i] for i in registry.by_tenant.get(tenant, ()) if i in registry.runs
-            ]
-        else:
-            runs = list(registry.runs.values())
-        if request.agent:
-            runs = [r for r in runs if r.agent == request.agent]
-        runs.sort(key=lambda r: r.started_at)
         limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        fleet = getattr(registry.bus, "fleet", None)
+        if fleet is not None:  # several replicas: every one lists the runs it holds
+            statuses, total, missing = await fleet.list_runs(tenant, request.agent, limit)
+            _fleet_partial(context, missing)
+            return pb.ListRunsResponse(runs=statuses, total=total)
+        runs = _select(registry, tenant, request.agent)
         total = len(runs)
         statuses = []
         for start in range(0, min(limit, total), LIST_SLICE):

@@ -18,15 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
 from guard.records import DecisionRecord
-from guard.server._status import PermissionDenied
+from guard.server._auth import Principal
+from guard.server._status import PermissionDenied, UnknownRun
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._auth import Principal
     from guard.server._state import RunState
 
-__all__ = ["FORECAST_HORIZON_STEPS", "Decisions", "decision_record"]
+__all__ = ["FORECAST_HORIZON_STEPS", "SELECTOR_DENY_S", "Decisions", "decision_record"]
 
 FORECAST_HORIZON_STEPS = 2
+# A fleet cancel by selector denies matching runs that start on this replica for this long
+# (it is being carried out across the replicas meanwhile; the caller waits at most ~1 s).
+SELECTOR_DENY_S = 3.0
 _TENANT_RESCAN_S = 0.5  # after a tenant cut, re-check its runs at most this often
 _METRIC_REASON = {
     "tokens": Reason.TOKEN_BUDGET,
@@ -99,7 +102,9 @@ class Decisions:
     budgets: Any
     bus: Any
     config: Any
+    stats: dict[str, int]
     _tenant_cut: dict[str, float]
+    _denials: dict[tuple[str, str, str | None], tuple[float, str]]
 
     def issue(self, run: RunState, action: str, reason: str, detail: str, util, metric) -> None:
         """Push warn / wrap_up to the run's agent (recorded; dropped if unreachable)."""
@@ -125,24 +130,28 @@ class Decisions:
         util: float | None,
         metric: str | None,
         by: DecidedBy,
+        record: DecisionRecord | None = None,
     ) -> None:
-        """Cancel a run once. The agent answers with RunEnded (decided_by from the cancel)."""
+        """Cancel a run once. The agent answers with RunEnded (decided_by from the cancel).
+        ``record``: the decision's record when another replica reached it (see
+        :meth:`remote_decision`)."""
         if run.stop_reason is not None:
             return
         run.stop_reason = reason
         run.stop_detail = detail
         run.stop_by = by
-        record = decision_record(
-            run.run_id,
-            run.tenant,
-            run.agent,
-            "cancel",
-            reason.value,
-            detail,
-            util,
-            metric,
-            by.value,
-        )
+        if record is None:
+            record = decision_record(
+                run.run_id,
+                run.tenant,
+                run.agent,
+                "cancel",
+                reason.value,
+                detail,
+                util,
+                metric,
+                by.value,
+            )
         if self._route(run, record):
             return
         # Nobody to tell: the operator's word ends it now. A provisional run's agent is about
@@ -210,10 +219,14 @@ class Decisions:
 
     # -- operator cancel -------------------------------------------------------------------
     def cancel(self, target: str, value: Any, detail: str, principal: Principal) -> list[str]:
-        """GuardAdmin.Cancel. ``target`` is the Selector oneof name."""
+        """GuardAdmin.Cancel of the runs whose streams this replica holds (a run whose stream
+        another replica holds is that one's to cancel). ``target`` is the Selector oneof
+        name."""
         detail = detail or "cancelled by operator"
         if target == "run_id":
             runs = [self.get(value, principal)]  # another tenant's run: NOT_FOUND, as unknown
+            if runs[0].remote is not None:
+                raise UnknownRun(f"run {value[:64]!r} is not live on this guard")
         elif target == "tenant":
             principal.check_tenant(value, "runs")
             runs = [self.runs[i] for i in self.by_tenant.get(value, ()) if i in self.runs]
@@ -233,11 +246,83 @@ class Decisions:
             raise InvalidInput("selector is empty: give run_id, tenant, agent or all")
         ids = []
         for run in runs:
+            if run.remote is not None:
+                continue
             ids.append(run.run_id)
             if run.stop_by is not DecidedBy.OPERATOR:
                 run.stop_reason = None  # an operator cancel overrides a pending guard cancel
                 self.stop_run(run, Reason.OPERATOR_CANCEL, detail, None, None, DecidedBy.OPERATOR)
         return ids
+
+    # -- several replicas ----------------------------------------------------------------------
+    def remote_decision(self, record: DecisionRecord) -> None:
+        """A decision another replica reached for a run whose stream this one holds (the
+        directive bus): pushed like one of ours, and its record written here on the ack. A
+        cancel of a run already stopping is moot (its agent has one): dropped, counted."""
+        run = self.runs.get(record.run_id)
+        if run is None or run.remote is not None:
+            self.stats["directives_unheld"] = self.stats.get("directives_unheld", 0) + 1
+            self.log.write(record, None)  # ended or moved meanwhile: the decision is recorded
+            return
+        if record.action != "cancel":
+            self._route(run, record)
+            return
+        if run.stop_reason is not None:
+            self.stats["directives_moot"] = self.stats.get("directives_moot", 0) + 1
+            return
+        try:
+            reason = Reason(record.reason)
+            by = DecidedBy(record.decided_by)
+        except ValueError:
+            reason, by = Reason.ERROR, DecidedBy.GUARD
+        self.stop_run(run, reason, record.detail, None, None, by, record)
+
+    def fleet_apply(self, query: dict[str, Any]) -> dict[str, Any]:
+        """One replica's part of a fleet Cancel / ListRuns (``guard.server._redis._fleet``),
+        with the caller's principal: the ids it cancelled, or its runs' statuses."""
+        principal = Principal(tenant=query.get("tenant"), admin=bool(query.get("admin")))
+        if query.get("op") == "list":
+            from guard.server._admin import local_statuses
+
+            statuses, total = local_statuses(
+                self, query.get("scope") or "", query.get("agent") or "", int(query["limit"])
+            )
+            return {"runs": [s.SerializeToString().hex() for s in statuses], "total": total}
+        target, value, detail = query["target"], query["value"], query.get("detail") or ""
+        try:
+            ids = self.cancel(target, value, detail, principal)
+        except (UnknownRun, PermissionDenied):
+            return {"ids": []}
+        if target != "run_id":  # after the permission checks (a refused cancel denies nothing)
+            self.deny_starts(target, value, principal, detail)
+        return {"ids": ids}
+
+    def deny_starts(self, target: str, value: Any, principal: Principal, detail: str) -> None:
+        """While a fleet cancel by selector is carried out, runs matching it that start here
+        are denied (see :meth:`cancelling`)."""
+        now = self.clock()
+        for key, (until, _) in list(self._denials.items()):
+            if until <= now:
+                del self._denials[key]
+        if len(self._denials) < 1024:  # bounded: each is one operator's cancel
+            key = (target, str(value), principal.tenant)
+            self._denials[key] = (now + SELECTOR_DENY_S, detail or "cancelled by operator")
+
+    def cancelling(self, tenant: str, agent: str) -> str | None:
+        """The detail of a fleet cancel being carried out that matches a run starting now."""
+        if not self._denials:
+            return None
+        now = self.clock()
+        for (target, value, scope), (until, detail) in self._denials.items():
+            if until <= now or (scope is not None and scope != tenant):
+                continue
+            if (
+                target == "all"
+                or (target == "tenant" and value == tenant)
+                or (target == "agent" and value == agent)
+            ):
+                return detail
+        return None
 
     # provided by Registry / Lifecycle
     clock: Any

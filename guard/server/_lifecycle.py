@@ -100,6 +100,10 @@ class Lifecycle:
         )
         self._finish(run)
         self._remember_ended(run.run_id)
+        if run.remote is not None:
+            # its stream's replica writes the one record (this one only counted its spans)
+            self.stats["remote_ends"] = self.stats.get("remote_ends", 0) + 1
+            return outcome
         self._write_run(outcome)
         return outcome
 
@@ -126,6 +130,22 @@ class Lifecycle:
     def _forget(self, run: RunState) -> None:
         self.table.forget(run)  # and the spans a provisional run held (Rejoin._gate)
         self.directory.release(run)
+
+    def moved_away(self, run: RunState, holder: str) -> None:
+        """Another replica holds ``run``'s stream now (its agent re-registered there after a
+        failover): no agent_lost here, the record is that replica's. Its spans may still
+        come here, so it stays guarded as a remote run; the tenant's slot is the holder's."""
+        if run.connected or run.run_id not in self.runs:
+            return
+        self.budgets.release(run)
+        if run.admitted:
+            self.budgets.run_ended(run.tenant)
+            run.admitted = False
+        self.directory.release(run)
+        run.session = None
+        run.detached_at = None
+        run.remote = holder
+        self.table.remote(run)
 
     # -- housekeeping ----------------------------------------------------------------------
     def sweep(self, limit: int | None = None) -> bool:

@@ -117,6 +117,10 @@ class RunDirectory(Protocol):
     def release(self, run: RunState) -> None:
         """``run``'s stream is no longer held by its session (it ended or moved)."""
 
+    def watch(self, run: RunState) -> None:
+        """Spans made ``run`` (provisional) before its agent registered it here: find out
+        whether another replica holds its stream (then ``registry.located(run, entry)``)."""
+
 
 class DirectiveBus(Protocol):
     """Carries a decision to whichever process holds the run's stream."""
@@ -209,6 +213,9 @@ class LocalDirectory:
     def release(self, run: RunState) -> None:
         if run.session is not None:
             run.session.runs.discard(run.run_id)
+
+    def watch(self, run: RunState) -> None:
+        """One process: no other replica can hold it."""
 
 
 class LocalBus:

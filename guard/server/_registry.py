@@ -107,6 +107,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
             "records_acked": 0,
         }
         self._tenant_cut: dict[str, float] = {}
+        self._denials: dict[Any, tuple[float, str]] = {}  # fleet cancels (Decisions.cancelling)
         self.applier = SpanApplier(self)
         # tenant budgets, the run directory and the directive bus: in memory, or shared by
         # replicas (see _parts); nothing else here knows which
@@ -206,6 +207,10 @@ class Registry(Decisions, Lifecycle, Rejoin):
                 f"{self.max_runs})",
             )
             return
+        cancelling = self.cancelling(tenant, rs.agent)
+        if cancelling is not None and not restoring:
+            self._deny(session, rs, tenant, Reason.OPERATOR_CANCEL.value, cancelling)
+            return
         verdict = self.budgets.admit(tenant)
         if verdict.stop and not restoring:
             self._deny(
@@ -239,7 +244,9 @@ class Registry(Decisions, Lifecycle, Rejoin):
         self._admit_msg(session, run, rs.request_id)
         if waiting is not None:
             self._adopt(run, waiting, kept, principal)
-        if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
+        if cancelling is not None:  # re-registered during a fleet cancel that matches it
+            self.stop_run(run, Reason.OPERATOR_CANCEL, cancelling, None, None, DecidedBy.OPERATOR)
+        elif verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,
                 Reason.TENANT_BUDGET,
@@ -308,6 +315,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
         session.send("admit", admit_to_pb(run.run_id, request_id, run.budget.limits, version))
 
     def _attach(self, run: RunState, session: AgentSession) -> None:
+        run.remote = None  # guarded here as another replica's run until now: ours again
         self.directory.claim(run, session)
         run.detached_at = None
         run.touched_at = self.clock()

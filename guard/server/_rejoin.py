@@ -12,10 +12,13 @@ acknowledged: their provisional runs are dropped without a record.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from guard.policy import DecidedBy, Reason
+from guard.policy import Budget, DecidedBy, LoopDetector, Reason
+from guard.server._decisions import decision_record
 from guard.server._decode import SEQ, TENANT, Decoded
+from guard.server._state import SeqGate
 from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +44,9 @@ class Rejoin:
     clock: Any
     ingest: Any
     stop_run: Any
+    directory: Any
+    bus: Any
+    config: Any
     _forget: Any
     _remember_ended: Any
 
@@ -94,6 +100,8 @@ class Rejoin:
             run.touched_at = self.clock()
             if not run.tenant and o[TENANT]:
                 self._set_tenant(run, o[TENANT])
+            if not gate:  # its first span: is its stream held by another replica?
+                self.directory.watch(run)
             if not self.table.hold(gate, o):
                 self.stats["provisional_spans_dropped"] += 1
             return True
@@ -106,3 +114,67 @@ class Rejoin:
     def _set_tenant(self, run: RunState, tenant: str) -> None:
         """A provisional run learns its tenant from a later span (a step span carries it)."""
         self.table.set_tenant(run, tenant)
+
+    # -- runs whose stream another replica holds (several replicas) ---------------------------
+    def located(self, run: RunState, entry: Any) -> None:
+        """The directory says another replica holds the stream of the provisional ``run``
+        (``entry``: a ``DirEntry``): guard it here as a *remote* run with the limits and the
+        identity its holder admitted it with, count the spans it kept, and route its
+        decisions there. Its deadline stays the holder's (it has the agent's start time)."""
+        if entry.ended:
+            self._forget(run)
+            self._remember_ended(run.run_id)
+            return
+        kept = run.seq_gate
+        self._forget(run)
+        if run.tenant and run.tenant != entry.tenant:
+            # Another tenant's run: its spans are never counted nor its run touched (one id
+            # cannot name two runs); dropped, like spans naming another tenant's local run.
+            self.stats["foreign_remote_dropped"] = self.stats.get("foreign_remote_dropped", 0) + 1
+            return
+        limits = entry.limits or self.config.effective_limits(None)
+        limits = dataclasses.replace(limits, deadline_s=None)
+        run.seq_gate = SeqGate(0)  # each numbered span counts once, however often it is retried
+        run.remote = entry.replica
+        run.agent = entry.agent or run.agent
+        run.parent_run_id = entry.parent_run_id
+        run.tenant = entry.tenant
+        parent = self.runs.get(entry.parent_run_id) if entry.parent_run_id else None
+        run.parent = parent if parent is not None and parent.tenant == run.tenant else None
+        run.budget = Budget(
+            limits, parent=run.parent.budget if run.parent else None, clock=self.clock
+        )
+        run.loop = LoopDetector(limits.loop)
+        self.table.add(run, span_only=True)
+        self.stats["remote_runs"] = self.stats.get("remote_runs", 0) + 1
+        if kept:
+            decoded = Decoded()
+            decoded.observations = kept
+            from guard.server._auth import Principal
+
+            self.ingest(decoded, Principal(tenant=run.tenant, admin=False))
+
+    def remote_moved(self, run: RunState, holder: str) -> None:
+        """The remote ``run``'s agent re-registered on another replica (its holder failed):
+        decisions go there now. A cancel already sent to the old holder may have died with
+        it: it is sent again (the new holder drops it if its run is already stopping)."""
+        run.remote = holder
+        if run.stop_reason is not None:
+            by = run.stop_by.value if run.stop_by is not None else DecidedBy.GUARD.value
+            record = decision_record(
+                run.run_id,
+                run.tenant,
+                run.agent,
+                "cancel",
+                run.stop_reason.value,
+                run.stop_detail,
+                None,
+                None,
+                by,
+            )
+            self.bus.deliver(run, record)
+
+    def ended_remotely(self, run: RunState) -> None:
+        """The directory says the remote ``run`` ended (its holder wrote the record)."""
+        self._forget(run)
+        self._remember_ended(run.run_id)

@@ -102,6 +102,7 @@ class RunState:
         "parent",
         "parent_run_id",
         "paused",
+        "remote",
         "run_id",
         "seen",
         "seq_gate",
@@ -183,6 +184,10 @@ class RunState:
         # (status, reason) from the run span of a run that waits for its agent: the record
         # written if the agent does not come back within agent_grace_s (else agent_lost).
         self.end_hint: tuple[Any, Any] | None = None
+        # The replica holding this run's control stream when it is not this one (several
+        # replicas: its spans come here, its stream is there). Such a run is counted and
+        # decided here, its decisions go to that replica, and its record is that replica's.
+        self.remote: str | None = None
 
     @property
     def connected(self) -> bool:

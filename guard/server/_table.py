@@ -94,6 +94,12 @@ class RunTable:
         self.detached.pop(run.run_id, None)
         self.span_only.pop(run.run_id, None)
 
+    def remote(self, run: RunState) -> None:
+        """Another replica holds its stream now: tracked like a span-only run here (no
+        grace, no agent_lost; forgotten when it ends there or idles)."""
+        self.detached.pop(run.run_id, None)
+        self.span_only[run.run_id] = run
+
     def detach(self, run: RunState, now: float) -> None:
         """Its agent's stream dropped at ``now`` (monotonic): the grace period starts."""
         run.detached_at = now

@@ -376,7 +376,7 @@ class ListRunsRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "parent_run_id", "tenant", "agent", "process_id", "usage", "limits", "elapsed_s", "utilisation", "metric", "state", "connected")
+    __slots__ = ("run_id", "parent_run_id", "tenant", "agent", "process_id", "usage", "limits", "elapsed_s", "utilisation", "metric", "state", "connected", "guard_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +389,7 @@ class RunStatus(_message.Message):
     METRIC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    GUARD_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     parent_run_id: str
     tenant: str
@@ -401,7 +402,8 @@ class RunStatus(_message.Message):
     metric: str
     state: str
     connected: bool
-    def __init__(self, run_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., process_id: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., elapsed_s: _Optional[float] = ..., utilisation: _Optional[float] = ..., metric: _Optional[str] = ..., state: _Optional[str] = ..., connected: _Optional[bool] = ...) -> None: ...
+    guard_id: str
+    def __init__(self, run_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., process_id: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., elapsed_s: _Optional[float] = ..., utilisation: _Optional[float] = ..., metric: _Optional[str] = ..., state: _Optional[str] = ..., connected: _Optional[bool] = ..., guard_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "total")

@@ -129,5 +129,31 @@ class StateClient:
         except (RedisError, OSError, TimeoutError) as exc:
             raise self._failed(exc) from exc
 
+    async def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Plain commands (the run directory, the directive bus) in one round trip, in order,
+        with the same bounded timeout and fast fail as the script calls."""
+        self._check()
+        self.stats["round_trips"] += 1
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for args in commands:
+                pipe.execute_command(*args)
+            out = list(await pipe.execute(raise_on_error=True))
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise self._failed(exc) from exc
+        self.last_error = None
+        return out
+
+    def blocking(self, block_ms: float) -> StateClient:
+        """A client of its own (own connection) for blocking reads such as ``XREAD BLOCK``:
+        its socket timeout covers ``block_ms``, so a blocked read never stalls this one's
+        short-timeout calls, and a dead Redis still fails within a bounded time."""
+        return StateClient(
+            self.url,
+            socket_timeout_ms=block_ms + 1000.0,
+            retry_after_s=self.retry_after_s,
+            clock=self._clock,
+        )
+
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -4,16 +4,21 @@
 registry gets its own :class:`StateClient` (one connection pool to the shared Redis); a part
 with background work starts and closes with the guard (``Parts.start``/``close``).
 
-Interim (issue 12 in progress): the tenant budgets, the run directory and the directive bus
-are still the in-memory ones here; each is replaced by its Redis implementation as it lands.
+The run directory (:class:`~guard.server._redis._directory.RedisDirectory`) and the
+directive bus (:class:`~guard.server._redis._bus.RedisBus`, which also carries the fleet's
+``GuardAdmin`` queries, :mod:`guard.server._redis._fleet`) are Redis-backed. Interim (issue
+12 in progress): the tenant budgets are still the in-memory ones here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from guard.server._parts import LocalBus, LocalDirectory, LocalTenantBudgets, Parts, PartsFactory
+from guard.server._parts import LocalTenantBudgets, Parts, PartsFactory
+from guard.server._redis._bus import RedisBus
 from guard.server._redis._client import StateClient
+from guard.server._redis._directory import RedisDirectory
+from guard.server._redis._fleet import Fleet
 
 __all__ = ["redis_parts"]
 
@@ -24,6 +29,9 @@ def redis_parts(config: Any, url: str, *, guard_id: str) -> PartsFactory:
     def build(registry: Any) -> Parts:
         state = StateClient(url)
         registry.state = state  # the replica's connection (metrics, Stats, tests)
-        return Parts(LocalTenantBudgets(registry), LocalDirectory(registry), LocalBus())
+        directory = RedisDirectory(registry, state, guard_id=guard_id)
+        bus = RedisBus(registry, state, guard_id=guard_id)
+        bus.fleet = Fleet(registry, directory, bus)  # GuardAdmin through any replica
+        return Parts(LocalTenantBudgets(registry), directory, bus)
 
     return build
