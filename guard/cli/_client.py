@@ -114,9 +114,10 @@ class AdminClient:
         return list(resp.run_ids)
 
     def list_runs(
-        self, *, tenant: str = "", agent: str = "", limit: int = 0
+        self, *, tenant: str = "", agent: str = "", limit: int = 0, local: bool = False
     ) -> pb.ListRunsResponse:
-        return self._call("ListRuns", pb.ListRunsRequest(tenant=tenant, agent=agent, limit=limit))
+        req = pb.ListRunsRequest(tenant=tenant, agent=agent, limit=limit, local=local)
+        return self._call("ListRuns", req)
 
     def tenant_budgets(self, tenant: str = "") -> pb.TenantBudgetsResponse:
         return self._call("TenantBudgets", pb.TenantBudgetsRequest(tenant=tenant))

@@ -17,6 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", default="", help="only this agent's runs")
     parser.add_argument("--limit", type=int, default=0, help="at most N runs (0 = server default)")
     parser.add_argument("--budgets", action="store_true", help="also show tenant rolling budgets")
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="with replicas: only the runs whose streams the replica at --endpoint holds",
+    )
     add_client_arguments(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -83,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with client_from_args(args) as client:
-            resp = client.list_runs(tenant=args.tenant, agent=args.agent, limit=args.limit)
+            resp = client.list_runs(
+                tenant=args.tenant, agent=args.agent, limit=args.limit, local=args.local
+            )
             budgets = client.tenant_budgets(args.tenant).tenants if args.budgets else []
     except GuardError as exc:
         print(f"otel-guard runs: {exc}", file=sys.stderr)

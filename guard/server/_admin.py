@@ -130,7 +130,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         registry = self.app.registry
         limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
         fleet = getattr(registry.bus, "fleet", None)
-        if fleet is not None:  # several replicas: every one lists the runs it holds
+        if fleet is not None and not request.local:  # several replicas: each lists its runs
             statuses, total, missing = await fleet.list_runs(tenant, request.agent, limit)
             _fleet_partial(context, missing)
             return pb.ListRunsResponse(runs=statuses, total=total)

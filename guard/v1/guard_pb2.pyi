@@ -366,14 +366,16 @@ class CancelResponse(_message.Message):
     def __init__(self, run_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("tenant", "agent", "limit")
+    __slots__ = ("tenant", "agent", "limit", "local")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     agent: str
     limit: int
-    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    local: bool
+    def __init__(self, tenant: _Optional[str] = ..., agent: _Optional[str] = ..., limit: _Optional[int] = ..., local: _Optional[bool] = ...) -> None: ...
 
 class RunStatus(_message.Message):
     __slots__ = ("run_id", "parent_run_id", "tenant", "agent", "process_id", "usage", "limits", "elapsed_s", "utilisation", "metric", "state", "connected", "guard_id")

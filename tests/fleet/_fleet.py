@@ -140,11 +140,12 @@ class Fleet:
         self.replicas[i].start()
 
     def listed(self, i: int) -> dict[str, Any]:
-        """run_id -> RunStatus listed by replica ``i`` ({} while it is down)."""
+        """run_id -> RunStatus of the runs replica ``i`` holds ({} while it is down): its own
+        listing, so a dead replica's fleet-query timeout is not in the measurement."""
         if not self.replicas[i].running:
             return {}
         try:
-            return F.listed(self.replicas[i].address)
+            return F.listed(self.replicas[i].address, local=True)
         except Exception:  # being killed or restarted
             return {}
 

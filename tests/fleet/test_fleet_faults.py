@@ -41,8 +41,9 @@ def test_replica_sigkilled_mid_fleet(tmp_path: Path) -> None:
 
 def test_spans_on_one_replica_stream_on_another(tmp_path: Path) -> None:
     """Trace-ID routing: a run's spans reach r0, its control stream r1. r1 writes the agent's
-    record; r0, which never sees the agent, records the run from its spans once its grace has
-    passed. The claim makes that second record r0 drops, not a second row."""
+    record; r0 finds the run in the run directory, guards it as a remote run and writes no
+    record of it at all (before the directory, r0 recorded it from its spans once its grace
+    had passed, and only the store's claim kept that second record out of ClickHouse)."""
     with Fleet(tmp_path, 2, grace_s=1.0) as fleet:
         agent = fleet.agent(
             "acme", bounded=3, endpoint=fleet.endpoint(1), span_endpoint=fleet.endpoint(0)
@@ -51,17 +52,19 @@ def test_spans_on_one_replica_stream_on_another(tmp_path: Path) -> None:
         F.wait_until(lambda: len(agent.ended()) >= 3, 60, "bounded runs")
         done = agent.finish(60)["stats"]  # its spans flushed, its records acknowledged
         assert done.get("control_records_unacknowledged", 0) == 0, done
-        F.wait_until(  # r0 saw the spans and, its grace over, recorded the runs from them
+        F.wait_until(  # r0 saw the spans, guarded the runs as remote ones and forgot them
             lambda: (f := fleet.figures(0))["spans"] > 0 and f["runs_tracked"] == 0,
             20,
-            "r0's span-derived records",
+            "r0 forgets the ended remote runs",
         )
+        r0 = fleet.figures(0)
+        assert r0.get("remote_runs", 0) == 3 and r0.get("agent_lost", 0) == 0, r0
         verdict = fleet.verdict()
     t = F.tally([agent], verdict, idle_reason="operator_cancel")
     t["unacknowledged"] = 0
     _clean(t)
     assert verdict["by_replica"] == {"r0": 0, "r1": 3}, verdict["by_replica"]
-    assert "another replica's; not stored here" in fleet.replicas[0].log()
+    assert "another replica's; not stored here" not in fleet.replicas[0].log()  # no 2nd record
 
 
 def test_redis_stopped_and_restarted_mid_fleet(tmp_path: Path) -> None:

@@ -117,6 +117,10 @@ async def test_list_runs_through_any_replica_shows_every_run_once(fleet, redis_u
             ("y1", "y"),
         ], name
         assert resp.total == 3
+    # local: only what this replica holds (an operator on one replica; no fleet query)
+    local = await fleet.admin("x").ListRuns(pb.ListRunsRequest(local=True))
+    assert sorted(r.run_id for r in local.runs) == ["x1", "x2"] and local.total == 2
+    assert not (await fleet.admin("z").ListRuns(pb.ListRunsRequest(local=True))).runs
     await ax.close()
     await ay.close()
 

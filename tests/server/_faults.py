@@ -179,10 +179,11 @@ class FleetAgent:
             self.proc.wait(10)
 
 
-def listed(address: str) -> dict[str, Any]:
-    """run_id -> RunStatus of every run the guard lists (admin view)."""
+def listed(address: str, *, local: bool = False) -> dict[str, Any]:
+    """run_id -> RunStatus of every run the guard lists (admin view); ``local``: only the runs
+    whose streams this replica holds (no fleet query)."""
     with AdminClient(address) as c:
-        return {r.run_id: r for r in c.list_runs().runs}
+        return {r.run_id: r for r in c.list_runs(local=local).runs}
 
 
 def cancel_tenant(address: str, tenant: str) -> list[str]:
