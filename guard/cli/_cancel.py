@@ -39,11 +39,14 @@ def run(args: argparse.Namespace) -> int:
                 all=args.all,
                 reason=args.reason,
             )
+            partial = client.partial
     except GuardError as exc:
         print(f"otel-guard cancel: {exc}", file=sys.stderr)
         return 1
+    if partial:
+        print(f"otel-guard cancel: partial answer ({partial})", file=sys.stderr)
     if args.json:
-        print(json.dumps({"cancelled": ids, "count": len(ids)}))
+        print(json.dumps({"cancelled": ids, "count": len(ids), "partial": partial}))
     else:
         print(f"cancelled {len(ids)} run(s)")
         for run_id in ids:

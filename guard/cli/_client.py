@@ -80,10 +80,13 @@ class AdminClient:
         else:
             self._channel = grpc.insecure_channel(endpoint)
         self._stub = guard_pb2_grpc.GuardAdminStub(self._channel)
+        # With replicas, the last answer's "otel-guard-partial" trailer: which replicas did not
+        # answer a fleet query (the answer holds what the others said), else None.
+        self.partial: str | None = None
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(
+            resp, call = getattr(self._stub, method).with_call(
                 request, metadata=self._metadata, timeout=self._timeout
             )
         except grpc.RpcError as exc:
@@ -91,6 +94,9 @@ class AdminClient:
             kind = _ERRORS.get(code, GuardError)
             detail = exc.details() if hasattr(exc, "details") else str(exc)
             raise kind(f"{method} on {self.endpoint}: {code.name}: {detail}") from None
+        trailer = dict(call.trailing_metadata() or ())
+        self.partial = trailer.get("otel-guard-partial")
+        return resp
 
     def cancel(
         self,

@@ -36,6 +36,7 @@ def _run_dict(r: Any) -> dict[str, Any]:
         "process_id": r.process_id,
         "state": r.state,
         "connected": r.connected,
+        "guard_id": r.guard_id or None,  # the replica holding its stream (with replicas)
         "elapsed_s": round(r.elapsed_s, 3),
         "steps": u.steps,
         "model_calls": u.model_calls,
@@ -91,13 +92,16 @@ def run(args: argparse.Namespace) -> int:
             resp = client.list_runs(
                 tenant=args.tenant, agent=args.agent, limit=args.limit, local=args.local
             )
+            partial = client.partial  # before the budgets call replaces it
             budgets = client.tenant_budgets(args.tenant).tenants if args.budgets else []
     except GuardError as exc:
         print(f"otel-guard runs: {exc}", file=sys.stderr)
         return 1
     runs = [_run_dict(r) for r in resp.runs]
+    if partial:
+        print(f"otel-guard runs: partial answer ({partial})", file=sys.stderr)
     if args.json:
-        out: dict[str, Any] = {"runs": runs, "total": resp.total}
+        out: dict[str, Any] = {"runs": runs, "total": resp.total, "partial": partial}
         if args.budgets:
             out["tenants"] = [_budget_dict(t) for t in budgets]
         print(json.dumps(out))

@@ -98,3 +98,32 @@ def test_redis_stopped_and_restarted_mid_fleet(tmp_path: Path) -> None:
     _clean(t)
     for r in down:
         assert r.log().count("unreachable for record claims") == 1, r.name
+
+
+def test_cli_says_which_replica_did_not_answer(tmp_path: Path) -> None:
+    """A fleet query through a survivor while a SIGKILLed replica is still in the replica set
+    (its heartbeat has not lapsed): the CLI answers with what it has and names the replica
+    that did not answer, on stderr and in --json."""
+    import json
+    import subprocess
+    import sys
+
+    with Fleet(tmp_path, 2) as fleet:
+        fleet.kill(1)
+        cmd = [sys.executable, "-m", "guard.cli", "runs", "--json"]
+        out = subprocess.run(
+            [*cmd, "--endpoint", fleet.replicas[0].address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "r1" in json.loads(out.stdout)["partial"]
+        assert "partial answer" in out.stderr and "r1" in out.stderr
+        local = subprocess.run(
+            [*cmd, "--local", "--endpoint", fleet.replicas[0].address],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert json.loads(local.stdout)["partial"] is None  # no fleet query, nothing missing
