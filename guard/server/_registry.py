@@ -22,6 +22,7 @@ from guard.errors import InvalidInput
 from guard.policy import (
     Budget,
     DecidedBy,
+    Decision,
     Forecaster,
     Limits,
     LoopDetector,
@@ -156,39 +157,18 @@ class Registry(Decisions, Lifecycle, Rejoin):
         *,
         restoring: bool = False,
     ) -> None:
-        """Handle RunStarted (or one Hello.live_runs entry): answer Admit or Deny."""
+        """Handle RunStarted (or one Hello.live_runs entry): answer Admit or Deny.
+
+        The tenant's verdict may come later (shared budgets settle a slot with the fleet in
+        ``budgets.sync``): :meth:`_admitted` then takes it from there, and checks again what
+        may have changed meanwhile (the same run registered on another stream, its spans
+        made it provisional, it ended)."""
         self._check_id(rs.run_id)
         tenant = rs.tenant or session.tenant or (principal.tenant or "")
         principal.check_tenant(tenant)
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
             raise InvalidInput("tenant/agent longer than 256 chars")
-        run = self.runs.get(rs.run_id)
-        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
-            # Another tenant's live run: never attach it, and never say whose it is. (An id
-            # nobody has would be admitted; one id cannot name two runs, so this one is
-            # refused like a reused id, in words that do not depend on the other tenant.)
-            self._deny(session, rs, tenant, Reason.ERROR.value, "run_id is already in use")
-            return
-        waiting: RunState | None = None
-        kept: Any = None
-        if run is not None:
-            if not run.provisional:
-                self._attach(run, session)
-                self._admit_msg(session, run, rs.request_id)
-                return
-            # Spans got here first: the agent's identity, limits and counters replace the
-            # guard's guess; the spans it kept are counted below, above the snapshot's floor.
-            waiting, kept = run, run.seq_gate
-            self._forget(run)  # releases what it held (kept here)
-        if rs.run_id in self.ended:
-            if restoring:  # ended while its agent was away (agent_lost): tell it so
-                session.cancel(
-                    rs.run_id,
-                    Reason.AGENT_LOST.value,
-                    "run was ended by the guard while its agent was disconnected",
-                )
-            else:
-                self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
+        if self._answered(session, rs, principal, tenant, restoring):
             return
         trace = _trace_bytes(rs.trace_id)
         requested: Limits | None = (
@@ -206,18 +186,86 @@ class Registry(Decisions, Lifecycle, Rejoin):
                 f"{self.max_runs})",
             )
             return
-        verdict = self.budgets.admit(tenant)
+
+        def then(verdict: Decision) -> None:
+            self._admitted(
+                session, rs, principal, tenant, restoring, verdict, trace, requested, restored
+            )
+
+        self.budgets.admit(tenant, rs.run_id, then)
+
+    def _answered(
+        self,
+        session: AgentSession,
+        rs: pb.RunStarted,
+        principal: Principal,
+        tenant: str,
+        restoring: bool,
+    ) -> bool:
+        """Answer a registration that needs no verdict of the tenant's budget (another
+        tenant's id, a live run re-attaching, an ended run); False to go on."""
+        run = self.runs.get(rs.run_id)
+        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
+            # Another tenant's live run: never attach it, and never say whose it is. (An id
+            # nobody has would be admitted; one id cannot name two runs, so this one is
+            # refused like a reused id, in words that do not depend on the other tenant.)
+            self._deny(session, rs, tenant, Reason.ERROR.value, "run_id is already in use")
+            return True
+        if run is not None and not run.provisional:
+            self._attach(run, session)
+            self._admit_msg(session, run, rs.request_id)
+            return True
+        if rs.run_id in self.ended:
+            if restoring:  # ended while its agent was away (agent_lost): tell it so
+                session.cancel(
+                    rs.run_id,
+                    Reason.AGENT_LOST.value,
+                    "run was ended by the guard while its agent was disconnected",
+                )
+            else:
+                self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
+            return True
+        return False
+
+    def _admitted(
+        self,
+        session: AgentSession,
+        rs: pb.RunStarted,
+        principal: Principal,
+        tenant: str,
+        restoring: bool,
+        verdict: Decision,
+        trace: bytes,
+        requested: Limits | None,
+        restored: Any,
+    ) -> None:
+        """The tenant's verdict on a registration: deny, or make the run and Admit it."""
+        if not verdict.stop and (
+            session.closed or self._answered(session, rs, principal, tenant, restoring)
+        ):
+            self.budgets.run_ended(tenant, rs.run_id)  # not this registration's slot after all
+            return
         if verdict.stop and not restoring:
             self._deny(
                 session,
                 rs,
                 tenant,
-                Reason.TENANT_BUDGET.value,
+                Reason.TENANT_BUDGET.value
+                if verdict.reason is Reason.TENANT_BUDGET
+                else Reason.ERROR.value,
                 verdict.message,
                 verdict.utilisation,
                 verdict.metric,
             )
             return
+        waiting: RunState | None = None
+        kept: Any = None
+        run = self.runs.get(rs.run_id)
+        if run is not None:
+            # Spans got here first: the agent's identity, limits and counters replace the
+            # guard's guess; the spans it kept are counted below, above the snapshot's floor.
+            waiting, kept = run, run.seq_gate
+            self._forget(run)  # releases what it held (kept here)
         effective = self.config.effective_limits(requested)
         run = self._new_run(
             rs.run_id,
@@ -242,7 +290,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
         if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,
-                Reason.TENANT_BUDGET,
+                verdict.reason or Reason.TENANT_BUDGET,
                 verdict.message,
                 verdict.utilisation,
                 verdict.metric,

@@ -4,16 +4,18 @@
 registry gets its own :class:`StateClient` (one connection pool to the shared Redis); a part
 with background work starts and closes with the guard (``Parts.start``/``close``).
 
-Interim (issue 12 in progress): the tenant budgets, the run directory and the directive bus
-are still the in-memory ones here; each is replaced by its Redis implementation as it lands.
+Interim (issue 12 in progress): the tenant budgets are the Redis-backed
+:class:`SharedTenantBudgets`; the run directory and the directive bus are still the in-memory
+ones here, each replaced by its Redis implementation as it lands.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from guard.server._parts import LocalBus, LocalDirectory, LocalTenantBudgets, Parts, PartsFactory
+from guard.server._parts import LocalBus, LocalDirectory, Parts, PartsFactory
 from guard.server._redis._client import StateClient
+from guard.server._redis._shared import SharedTenantBudgets
 
 __all__ = ["redis_parts"]
 
@@ -24,6 +26,6 @@ def redis_parts(config: Any, url: str, *, guard_id: str) -> PartsFactory:
     def build(registry: Any) -> Parts:
         state = StateClient(url)
         registry.state = state  # the replica's connection (metrics, Stats, tests)
-        return Parts(LocalTenantBudgets(registry), LocalDirectory(registry), LocalBus())
+        return Parts(SharedTenantBudgets(registry, state), LocalDirectory(registry), LocalBus())
 
     return build
