@@ -240,7 +240,7 @@ class SharedTenantBudgets:
         self._resolve(then, CONTINUE)
 
     def _unavailable(self) -> Decision:
-        where = self.remote.client.url.rsplit("@", 1)[-1]  # never the password
+        where = self.remote.client.url.rsplit("@", 1)[-1].split("://", 1)[-1]  # no password
         return Decision(
             Action.STOP,
             reason=Reason.ERROR,
