@@ -56,11 +56,14 @@ class TenantBudgets(Protocol):
     """
 
     # -- runs ------------------------------------------------------------------------------
-    def admit(self, tenant: str, run_id: str, then: Callable[[Decision], None]) -> None:
+    def admit(
+        self, tenant: str, run_id: str, then: Callable[[Decision], None], *, grant: bool = False
+    ) -> None:
         """Take a concurrency slot for the new run ``run_id`` of ``tenant``, or say why not:
         ``then(decision)`` is called with the verdict, at once from a local view, or from
         :meth:`sync` when the slot is the fleet's (the run is admitted only then). A run that
-        holds its slot already (it re-registered) keeps it."""
+        holds its slot already (it re-registered) keeps it. ``grant``: a new root run, whose
+        first allowance grant may come with its admission (see :meth:`on_admit`)."""
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:
         """Give back the slot of a run that was admitted (``run_id``: a run that never got
@@ -198,7 +201,9 @@ class LocalTenantBudgets:
         self.late_span = a.late_span
         self.renew = a.renew
 
-    def admit(self, tenant: str, run_id: str, then: Callable[[Decision], None]) -> None:
+    def admit(
+        self, tenant: str, run_id: str, then: Callable[[Decision], None], *, grant: bool = False
+    ) -> None:
         then(self.tenants.admit(tenant))
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:

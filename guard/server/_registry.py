@@ -192,7 +192,9 @@ class Registry(Decisions, Lifecycle, Rejoin):
                 session, rs, principal, tenant, restoring, verdict, trace, requested, restored
             )
 
-        self.budgets.admit(tenant, rs.run_id, then)
+        parent = self.runs.get(rs.parent_run_id) if rs.parent_run_id else None
+        new_root = not restoring and (parent is None or parent.tenant != tenant)
+        self.budgets.admit(tenant, rs.run_id, then, grant=new_root)
 
     def _answered(
         self,

@@ -296,8 +296,23 @@ class RedisTenantBudgets:
     ) -> AllowanceGrant:
         """``TenantAllowances.grant`` across replicas (all or nothing; used + outstanding
         grants never exceed a limit). Renews the run's grant lease."""
+        call = self.grant_call(tenant, run_id, need_cost_usd, need_tokens, seen)
+        return self.grant_reply(tenant, run_id, await self.client.call(*call))
+
+    def grant_call(
+        self,
+        tenant: str,
+        run_id: str,
+        need_cost_usd: float = 0.0,
+        need_tokens: float = 0.0,
+        seen: tuple[float, float] = (0.0, 0.0),
+    ) -> Call:
+        """The script call of :meth:`grant`."""
         vals = (need_cost_usd, need_tokens, seen[0], seen[1])
-        r = await self._one(tenant, "grant", run_id, *(repr(_finite(v)) for v in vals))
+        return self._call(tenant, "grant", run_id, *(repr(_finite(v)) for v in vals))
+
+    def grant_reply(self, tenant: str, run_id: str, r: Sequence[str]) -> AllowanceGrant:
+        """The grant a ``grant`` (or ``grant_of``) call's reply ``r`` means."""
         return self._grant(tenant, run_id, r)
 
     async def grant_of(self, tenant: str, run_id: str) -> AllowanceGrant | None:
@@ -316,13 +331,24 @@ class RedisTenantBudgets:
         """The run ended: its spend ``seen`` moves into the windows, the rest of its grant
         goes back but for the tail up to its ``final`` usage (held ``tail_s``); with
         ``free_slot`` its concurrency slot too, all in one call. Idempotent."""
+        await self.client.call(*self.release_call(tenant, run_id, final, seen, free_slot))
+
+    def release_call(
+        self,
+        tenant: str,
+        run_id: str,
+        final: tuple[float, float] | None = None,
+        seen: tuple[float, float] | None = None,
+        free_slot: bool = False,
+    ) -> Call:
+        """The script call of :meth:`release`."""
         s = ("", "") if seen is None else (repr(_finite(seen[0])), repr(_finite(seen[1])))
         f = (
             ("none",)
             if final is None
             else ("final", repr(_finite(final[0])), repr(_finite(final[1])))
         )
-        await self._one(tenant, "end", run_id, "1" if free_slot else "0", f[0], *s, *f[1:])
+        return self._call(tenant, "end", run_id, "1" if free_slot else "0", f[0], *s, *f[1:])
 
     async def expire(self, tenant: str) -> None:
         """Give back the tails whose time is up and the grants whose lease lapsed (the runs

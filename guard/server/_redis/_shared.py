@@ -54,11 +54,12 @@ from guard.errors import StateUnavailable
 from guard.policy import CONTINUE, Action, Decision, Reason, Usage
 from guard.server._parts import LocalTenantBudgets
 from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets
+from guard.server._redis._grants import FleetDesk
 from guard.server._redis._pending import PendingUsage
 from guard.wire import tenant_budget_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._redis._client import StateClient
+    from guard.server._redis._client import Call, StateClient
     from guard.server._state import RunState
     from guard.v1 import guard_pb2 as pb
 
@@ -87,26 +88,30 @@ class SharedTenantBudgets:
         self.wants_usage = local.wants_usage
         self.budget = local.budget
         self.known = local.known
-        self.on_admit = local.on_admit
-        self.request = local.request
-        self.observe = local.observe
         self.late_span = local.late_span
-        self.renew = local.renew
         self.restore = local.record  # the fleet counted it already (where the run was)
         self.pending = PendingUsage()
+        self.down = False  # Redis did not answer the last call (fail-open until it does)
+        self.fleet = fleet = FleetDesk(self)  # grants out of the fleet's windows
+        self.on_admit = fleet.on_admit
+        self.request = fleet.request
+        self.observe = fleet.observe
+        self.renew = fleet.renew
         self._usage: dict[str, Usage] = {}  # queued deltas, one per tenant
-        self._admits: list[tuple[str, str, Callable[[Decision], None]]] = []
-        self._ends: dict[str, str] = {}  # run id -> tenant: slots to free
+        self._admits: list[tuple[str, str, Callable[[Decision], None], bool]] = []
+        self._ends: dict[str, Call] = {}  # run id -> the call freeing its slot and grant
         self._view: dict[str, list[float]] = {}  # the fleet's window sums, as of last sync
-        self._down = False
         self._task: asyncio.Task[None] | None = None
         for k in _STATS:
             registry.stats.setdefault(f"redis_{k}", 0)
 
     # -- runs ------------------------------------------------------------------------------
-    def admit(self, tenant: str, run_id: str, then: Callable[[Decision], None]) -> None:
+    def admit(
+        self, tenant: str, run_id: str, then: Callable[[Decision], None], *, grant: bool = False
+    ) -> None:
         """The local view first (this replica's own slots and windows are a part of the
-        fleet's: a local refusal is final); then the fleet's verdict, from :meth:`sync`."""
+        fleet's: a local refusal is final); then the fleet's verdict, from :meth:`sync`
+        (with the run's first grant when ``grant``)."""
         verdict = self.local.tenants.admit(tenant)
         if verdict.stop:
             then(verdict)
@@ -115,17 +120,19 @@ class SharedTenantBudgets:
             self.registry.stats["redis_fail_closed_denials"] += 1
             then(self._unavailable())
         else:
-            self._admits.append((tenant, run_id, then))
+            self._admits.append((tenant, run_id, then, grant and self.fleet.tracked(tenant)))
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:
         self.local.tenants.run_ended(tenant)
-        if run_id:
-            self._ends[run_id] = tenant
+        if run_id:  # a registration that did not make a run: its slot and first grant
+            self.fleet.held.pop(run_id, None)
+            self._ends[run_id] = self.remote.release_call(tenant, run_id, free_slot=True)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
         self.local.release(run, outcome)
-        if outcome is None and run.admitted:  # _finish: every way out, once per admitted run
-            self._ends[run.run_id] = run.tenant
+        call = self.fleet.release(run, outcome)  # _finish: every way out, once per run
+        if call is not None:
+            self._ends[run.run_id] = call
 
     def forget_limits(self) -> None:
         """Policy reload: read every tenant's limits again."""
@@ -184,42 +191,61 @@ class SharedTenantBudgets:
 
     # -- settling with Redis ---------------------------------------------------------------
     async def sync(self) -> None:
-        """Send what is queued (freed slots, admissions, every tenant's usage) in one
-        pipeline and apply the replies; on an outage, fall back (module docstring)."""
-        if not (self._usage or self._admits or self._ends):
+        """Send what is queued (ended runs, admissions, every tenant's usage and its runs'
+        spend, allowance asks) in one pipeline and apply the replies; on an outage, fall
+        back (module docstring)."""
+        fleet = self.fleet
+        if not (self._usage or self._admits or self._ends or fleet.busy):
             return
         usage, self._usage = self._usage, {}
         admits, self._admits = self._admits, []
         ends, self._ends = self._ends, {}
+        observed, asks = fleet.take()
         r = self.remote
-        tenants = list(usage)
-        calls = [r.end_call(t, rid) for rid, t in ends.items()]
-        calls += [r.admit_call(t, rid) for t, rid, _ in admits]
-        calls += [r.record_call(t, RecordBatch(usage[t])) for t in tenants]
+        tenants = list(usage.keys() | observed.keys())
+        calls = list(ends.values())
+        for t, rid, _then, grant in admits:
+            calls.append(r.admit_call(t, rid))
+            if grant:
+                calls.append(fleet.admission_call(t, rid))
+        for t in tenants:
+            seen = observed.get(t, {})
+            calls.append(
+                r.record_call(t, RecordBatch(usage.get(t), [(k, *v) for k, v in seen.items()]))
+            )
+        calls.extend(fleet.ask_calls(asks))
         started = time.perf_counter()
         try:
-            replies = await r.client.call_many(calls)
+            replies = iter(await r.client.call_many(calls))
         except StateUnavailable as exc:
             self._unreachable(exc)
-            for t in tenants:
-                self.pending.add(t, usage[t])
-            for t, _rid, then in admits:
+            for t, u in usage.items():
+                self.pending.add(t, u)
+            for t, _rid, then, _grant in admits:
                 self._fail_open_admit(t, then)
-            return  # the freed slots lapse with their lease
+            fleet.unanswered(asks)
+            return  # the freed slots and grants lapse with their lease
         telemetry = self._telemetry()
         if telemetry is not None:
             telemetry.round_trip(time.perf_counter() - started, "sync")
-        n = len(ends)
-        for (t, _rid, then), reply in zip(admits, replies[n : n + len(admits)], strict=True):
-            verdict = r.admit_reply(t, reply)
+        for _ in ends:
+            next(replies)
+        for t, rid, then, grant in admits:
+            verdict = r.admit_reply(t, next(replies))
+            if grant:
+                undo = fleet.admitted(t, rid, not verdict.stop, next(replies))
+                if undo is not None:
+                    self._ends[rid] = undo
             if verdict.stop:
                 self.local.tenants.run_ended(t)  # the local slot taken in admit()
             self._resolve(then, verdict)
-        for t, reply in zip(tenants, replies[n + len(admits) :], strict=True):
-            decision, self._view[t] = r.record_reply(t, reply)
+        for t in tenants:
+            decision, self._view[t] = r.record_reply(t, next(replies))
             if decision.stop:
                 self.registry.tenant_cut(t, decision)
-        if self._down:
+        for ask in asks:
+            fleet.answered(ask, next(replies))
+        if self.down:
             await self._recovered()
 
     def _resolve(self, then: Callable[[Decision], None], verdict: Decision) -> None:
@@ -256,9 +282,9 @@ class SharedTenantBudgets:
         if telemetry is not None:
             telemetry.error(type(exc.__cause__ or exc).__name__)
             telemetry.fail_open(True)
-        if self._down:
+        if self.down:
             return  # logged and counted once per outage
-        self._down = True
+        self.down = True
         self.registry.stats["redis_fail_open_periods"] += 1
         mode = "denying new runs (guard.fail_closed)" if self.fail_closed else "fail-open"
         log.warning(
@@ -270,7 +296,7 @@ class SharedTenantBudgets:
     async def _recovered(self) -> None:
         """Redis answers again: reconcile what was counted meanwhile (once), claim again
         the live runs' slots."""
-        self._down = False
+        self.down = False
         telemetry = self._telemetry()
         if telemetry is not None:
             telemetry.fail_open(False)
@@ -316,16 +342,16 @@ class SharedTenantBudgets:
             await asyncio.sleep(min(_TICK_S, every))
             try:
                 await self.sync()
-                if time.monotonic() - last >= every or self._down:
+                if time.monotonic() - last >= every or self.down:
                     live = self._live()
                     if live:
                         await self.remote.heartbeat(live, claim=True)
-                    elif self._down:
+                    elif self.down:
                         await self.remote.client.ping()
                         if not self.remote.healthy:
                             continue
                     last = time.monotonic()
-                    if self._down:
+                    if self.down:
                         await self._recovered()
             except StateUnavailable as exc:
                 self._unreachable(exc)
