@@ -57,13 +57,19 @@ class TenantBudgets(Protocol):
 
     # -- runs ------------------------------------------------------------------------------
     def admit(
-        self, tenant: str, run_id: str, then: Callable[[Decision], None], *, grant: bool = False
+        self,
+        tenant: str,
+        run_id: str,
+        then: Callable[[Decision], None],
+        *,
+        grant: tuple[float, float] | None = None,
     ) -> None:
         """Take a concurrency slot for the new run ``run_id`` of ``tenant``, or say why not:
         ``then(decision)`` is called with the verdict, at once from a local view, or from
         :meth:`sync` when the slot is the fleet's (the run is admitted only then). A run that
-        holds its slot already (it re-registered) keeps it. ``grant``: a new root run, whose
-        first allowance grant may come with its admission (see :meth:`on_admit`)."""
+        holds its slot already (it re-registered) keeps it. ``grant``: a root run, whose
+        allowance grant may come with its admission (see :meth:`on_admit`): what it spent
+        so far (cost_usd, tokens: zero, or a re-registered run's snapshot)."""
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:
         """Give back the slot of a run that was admitted (``run_id``: a run that never got
@@ -202,7 +208,12 @@ class LocalTenantBudgets:
         self.renew = a.renew
 
     def admit(
-        self, tenant: str, run_id: str, then: Callable[[Decision], None], *, grant: bool = False
+        self,
+        tenant: str,
+        run_id: str,
+        then: Callable[[Decision], None],
+        *,
+        grant: tuple[float, float] | None = None,
     ) -> None:
         then(self.tenants.admit(tenant))
 

@@ -67,6 +67,13 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
+def _seen(restored: Any) -> tuple[float, float]:
+    """What a root run spent so far, as its allowance counts it (cost_usd, tokens)."""
+    if restored is None:
+        return (0.0, 0.0)
+    return (restored.cost_usd or 0.0, float(restored.input_tokens + restored.output_tokens))
+
+
 class Registry(Decisions, Lifecycle, Rejoin):
     """Per-run state for one guard process."""
 
@@ -193,8 +200,8 @@ class Registry(Decisions, Lifecycle, Rejoin):
             )
 
         parent = self.runs.get(rs.parent_run_id) if rs.parent_run_id else None
-        new_root = not restoring and (parent is None or parent.tenant != tenant)
-        self.budgets.admit(tenant, rs.run_id, then, grant=new_root)
+        root = parent is None or parent.tenant != tenant
+        self.budgets.admit(tenant, rs.run_id, then, grant=_seen(restored) if root else None)
 
     def _answered(
         self,
@@ -245,7 +252,9 @@ class Registry(Decisions, Lifecycle, Rejoin):
         if not verdict.stop and (
             session.closed or self._answered(session, rs, principal, tenant, restoring)
         ):
-            self.budgets.run_ended(tenant, rs.run_id)  # not this registration's slot after all
+            # Not this registration's slot after all. A run of that id that is live now (a
+            # repeated RunStarted) holds the fleet's slot and grant: only the local count.
+            self.budgets.run_ended(tenant, "" if rs.run_id in self.runs else rs.run_id)
             return
         if verdict.stop and not restoring:
             self._deny(

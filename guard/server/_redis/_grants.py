@@ -6,8 +6,9 @@ Redis is unreachable), but every grant comes from the ``grant`` operation of the
 script, so used + outstanding grants never pass a window's limit *across replicas* (the
 overshoot bound of issue 11, fleet-wide):
 
-* a new root run's first grant goes out in the same pipeline as its admission and is pushed
-  just before its Admit; a re-registered run gets the grant it holds (or a new one) after;
+* a root run's grant goes out in the same pipeline as its admission and is pushed just
+  before its Admit (a new run's first chunk; a re-registered run's entry, or a new one from
+  its snapshot's spend); a run re-attaching on this replica gets the grant it was pushed;
 * an ``AllowanceRequest`` is a ``grant`` call sent by the next ``sync`` (after the request's
   spend went into the windows, in the same pipeline), answered when Redis replies;
 * the touched root runs' cumulative spend moves from their grants into the windows in the
@@ -124,9 +125,10 @@ class FleetDesk:
                 self.desk.push(run.session, grant)
 
     # -- the pipeline ----------------------------------------------------------------------
-    def admission_call(self, tenant: str, run_id: str) -> Call:
-        """A new root run's first grant, right after its admission in one pipeline."""
-        return self.shared.remote.grant_call(tenant, run_id)
+    def admission_call(self, tenant: str, run_id: str, seen: tuple[float, float]) -> Call:
+        """A root run's grant (a new one's first, or what a re-registered one holds and
+        more), right after its admission in one pipeline."""
+        return self.shared.remote.grant_call(tenant, run_id, seen=seen)
 
     def admitted(self, tenant: str, run_id: str, ok: bool, reply: Sequence[str]) -> Call | None:
         """The reply of an admission's grant: kept for its Admit, or (denied) the call that

@@ -98,7 +98,7 @@ class SharedTenantBudgets:
         self.observe = fleet.observe
         self.renew = fleet.renew
         self._usage: dict[str, Usage] = {}  # queued deltas, one per tenant
-        self._admits: list[tuple[str, str, Callable[[Decision], None], bool]] = []
+        self._admits: list[tuple[str, str, Callable[[Decision], None], Any]] = []
         self._ends: dict[str, Call] = {}  # run id -> the call freeing its slot and grant
         self._view: dict[str, list[float]] = {}  # the fleet's window sums, as of last sync
         self._task: asyncio.Task[None] | None = None
@@ -107,7 +107,12 @@ class SharedTenantBudgets:
 
     # -- runs ------------------------------------------------------------------------------
     def admit(
-        self, tenant: str, run_id: str, then: Callable[[Decision], None], *, grant: bool = False
+        self,
+        tenant: str,
+        run_id: str,
+        then: Callable[[Decision], None],
+        *,
+        grant: tuple[float, float] | None = None,
     ) -> None:
         """The local view first (this replica's own slots and windows are a part of the
         fleet's: a local refusal is final); then the fleet's verdict, from :meth:`sync`
@@ -120,7 +125,9 @@ class SharedTenantBudgets:
             self.registry.stats["redis_fail_closed_denials"] += 1
             then(self._unavailable())
         else:
-            self._admits.append((tenant, run_id, then, grant and self.fleet.tracked(tenant)))
+            if grant is not None and not self.fleet.tracked(tenant):
+                grant = None
+            self._admits.append((tenant, run_id, then, grant))
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:
         self.local.tenants.run_ended(tenant)
@@ -206,8 +213,8 @@ class SharedTenantBudgets:
         calls = list(ends.values())
         for t, rid, _then, grant in admits:
             calls.append(r.admit_call(t, rid))
-            if grant:
-                calls.append(fleet.admission_call(t, rid))
+            if grant is not None:
+                calls.append(fleet.admission_call(t, rid, grant))
         for t in tenants:
             seen = observed.get(t, {})
             calls.append(
@@ -232,7 +239,7 @@ class SharedTenantBudgets:
             next(replies)
         for t, rid, then, grant in admits:
             verdict = r.admit_reply(t, next(replies))
-            if grant:
+            if grant is not None:
                 undo = fleet.admitted(t, rid, not verdict.stop, next(replies))
                 if undo is not None:
                     self._ends[rid] = undo
