@@ -4,7 +4,8 @@ Two replicas enforce a tenant's window and its concurrency cap once between them
 replica's slots come back after their lease; an Export request costs one Redis round trip
 whatever its tenants; with Redis gone a replica keeps guarding on its local windows, counts
 the outage once and reconciles what it counted exactly once; ``guard.fail_closed`` denies new
-runs instead. The agents are raw control-stream clients (``tests/server/conftest.Agent``).
+runs instead; allowance grants to runs on both replicas come out of the one window. The
+agents are raw control-stream clients (``tests/server/conftest.Agent``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from server.conftest import Agent, config, eventually, model_span, trace_id_of
 from guard.policy import RollingLimit, TenantLimits
 from guard.server import GuardServer, MemorySink
 from guard.server._redis import RedisTenantBudgets, StateClient
+from guard.v1 import guard_pb2 as pb
 
 ACME = {"rolling": [{"metric": "cost_usd", "limit": 1.0, "window_s": 3600}]}
 
@@ -231,3 +233,47 @@ async def test_fail_closed_denies_new_runs_while_live_ones_go_on(redis_server, r
         assert (await a.wait_for(is_cancel)).cancel.reason == "tenant_budget"
         assert r1.figures()["redis_fail_closed_denials"] == 1
         await a.close()
+
+
+async def ask(agent: Agent, run_id: str, request_id: int, cost_usd: float):
+    """An AllowanceRequest and its answer."""
+    req = pb.AllowanceRequest(run_id=run_id, request_id=request_id, cost_usd=cost_usd)
+    await agent.outbox.put(pb.AgentMessage(allowance_request=req))
+    msg = await agent.wait_for(
+        lambda m: m.WhichOneof("body") == "allowance" and m.allowance.request_id == request_id
+    )
+    return msg.allowance
+
+
+async def test_allowances_come_out_of_the_fleets_window(redis_url):
+    """Runs on two replicas ask for more until refused: what both replicas granted together
+    stays within the tenant's one limit (each replica alone would grant up to all of it)."""
+    async with replicas(redis_url, tenants={"acme": ACME}) as (r1, r2):
+        agents = [Agent(r1.address), Agent(r2.address)]
+        runs = {}
+        for k, agent in enumerate(agents):
+            await agent.connect(process_id=f"P{k}")
+            for i in range(3):
+                rid = f"r{k}{i}"
+                assert (await agent.start_run(rid, trace_id_of(10 * k + i + 1))).admit
+                runs[rid] = agent
+        # the first grant arrives with the Admit, before it
+        first = [m.WhichOneof("body") for m in agents[0].messages][1:3]
+        assert first == ["allowance", "admit"]
+        ceilings = {rid: 0.0 for rid in runs}
+        refused, n = set(), 100
+        while len(refused) < len(runs):
+            for rid, agent in runs.items():
+                if rid in refused:
+                    continue
+                n += 1
+                al = await ask(agent, rid, n, 0.1)
+                ceilings[rid] = max(ceilings[rid], al.max_cost_usd)
+                if al.exhausted:
+                    refused.add(rid)
+                    assert "acme" in al.detail and "cost_usd" in al.detail
+        total = sum(ceilings.values())
+        assert 0.9 <= total <= 1.0 + 1e-9, ceilings
+        assert r1.figures()["allowance_grants"] > 0 and r2.figures()["allowance_grants"] > 0
+        for agent in agents:
+            await agent.close()
