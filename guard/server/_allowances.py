@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._state import RunState
     from guard.v1 import guard_pb2 as pb
 
-__all__ = ["RECENT_ENDED", "Allowances", "final_of", "root_of", "seen_of"]
+__all__ = ["RECENT_ENDED", "Allowances", "root_of", "seen_of", "spend_of"]
 
 RECENT_ENDED = 20_000  # ended run ids remembered (-> tenant, root) so late spans still count
 _TAIL_S = 5.0  # how long a run's tail (final usage not seen yet) stays held after it ended
@@ -213,7 +213,7 @@ class Allowances:
         if led is None or root is not run:
             return
         led.observe(run.run_id, *seen_of(run))  # what it spent, before the rest goes back
-        led.release(run.run_id, self.registry.clock(), final=final_of(outcome))
+        led.release(run.run_id, self.registry.clock(), final=spend_of(outcome))
 
     def late_span(self, o: Any, scope: str | None, spent: dict[str, Usage]) -> bool:
         """A span of a run that already ended: count it towards its tenant's windows (and
@@ -273,12 +273,13 @@ class Allowances:
                     self.push(run.session, grant)
 
 
-def final_of(outcome: Any) -> tuple[float, float] | None:
-    """(cost_usd, tokens) a run's final RunEnded usage announces, if it says (finite)."""
-    if outcome is None:
+def spend_of(usage: Any) -> tuple[float, float] | None:
+    """(cost_usd, tokens) an ``Outcome`` or a ``Usage`` says a run spent (None: it does
+    not say, or not in finite numbers)."""
+    if usage is None:
         return None
-    cost = outcome.cost_usd or 0.0
-    tokens = float(outcome.input_tokens + outcome.output_tokens)
+    cost = usage.cost_usd or 0.0
+    tokens = float(usage.input_tokens + usage.output_tokens)
     return (cost, tokens) if math.isfinite(cost) and cost >= 0 else None
 
 

@@ -42,10 +42,16 @@ __all__ = [
     "Parts",
     "PartsFactory",
     "RunDirectory",
+    "Spent",
     "TenantBudgets",
+    "Verdict",
     "local_parts",
     "parts_for",
 ]
+
+
+Verdict = Callable[["Decision"], None]  # told the tenant's verdict on an admission
+Spent = tuple[float, float] | None  # (cost_usd, tokens) a run spent, or no grant asked
 
 
 class TenantBudgets(Protocol):
@@ -56,14 +62,7 @@ class TenantBudgets(Protocol):
     """
 
     # -- runs ------------------------------------------------------------------------------
-    def admit(
-        self,
-        tenant: str,
-        run_id: str,
-        then: Callable[[Decision], None],
-        *,
-        grant: tuple[float, float] | None = None,
-    ) -> None:
+    def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
         """Take a concurrency slot for the new run ``run_id`` of ``tenant``, or say why not:
         ``then(decision)`` is called with the verdict, at once from a local view, or from
         :meth:`sync` when the slot is the fleet's (the run is admitted only then). A run that
@@ -207,14 +206,7 @@ class LocalTenantBudgets:
         self.late_span = a.late_span
         self.renew = a.renew
 
-    def admit(
-        self,
-        tenant: str,
-        run_id: str,
-        then: Callable[[Decision], None],
-        *,
-        grant: tuple[float, float] | None = None,
-    ) -> None:
+    def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
         then(self.tenants.admit(tenant))
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:

@@ -14,8 +14,10 @@ is a part of its own (``_ingest.SpanApplier``, ``registry.applier``); the decisi
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from guard.errors import InvalidInput
@@ -30,6 +32,7 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
+from guard.server._allowances import spend_of
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions, decision_record
 from guard.server._decode import Decoded
@@ -67,11 +70,18 @@ def _trace_bytes(hex_id: str) -> bytes:
     return raw
 
 
-def _seen(restored: Any) -> tuple[float, float]:
-    """What a root run spent so far, as its allowance counts it (cost_usd, tokens)."""
-    if restored is None:
-        return (0.0, 0.0)
-    return (restored.cost_usd or 0.0, float(restored.input_tokens + restored.output_tokens))
+@dataclass(slots=True)
+class _Registration:
+    """A RunStarted (or a Hello.live_runs entry) on its way to its tenant's verdict."""
+
+    session: AgentSession
+    rs: pb.RunStarted
+    principal: Principal
+    tenant: str
+    restoring: bool
+    trace: bytes = b""
+    requested: Limits | None = None
+    restored: Any = None  # the re-registered run's usage snapshot
 
 
 class Registry(Decisions, Lifecycle, Rejoin):
@@ -175,13 +185,12 @@ class Registry(Decisions, Lifecycle, Rejoin):
         principal.check_tenant(tenant)
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
             raise InvalidInput("tenant/agent longer than 256 chars")
-        if self._answered(session, rs, principal, tenant, restoring):
+        reg = _Registration(session, rs, principal, tenant, restoring)
+        if self._answered(reg):
             return
-        trace = _trace_bytes(rs.trace_id)
-        requested: Limits | None = (
-            limits_from_pb(rs.requested) if rs.HasField("requested") else None
-        )
-        restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
+        reg.trace = _trace_bytes(rs.trace_id)
+        reg.requested = limits_from_pb(rs.requested) if rs.HasField("requested") else None
+        reg.restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
         if self.table.full() and not self._make_room():
             self.stats["capacity_rejections"] += 1
             self._deny(
@@ -193,27 +202,17 @@ class Registry(Decisions, Lifecycle, Rejoin):
                 f"{self.max_runs})",
             )
             return
-
-        def then(verdict: Decision) -> None:
-            self._admitted(
-                session, rs, principal, tenant, restoring, verdict, trace, requested, restored
-            )
-
         parent = self.runs.get(rs.parent_run_id) if rs.parent_run_id else None
         root = parent is None or parent.tenant != tenant
-        self.budgets.admit(tenant, rs.run_id, then, grant=_seen(restored) if root else None)
+        seen = (spend_of(reg.restored) or (0.0, 0.0)) if root else None
+        self.budgets.admit(tenant, rs.run_id, functools.partial(self._admitted, reg), grant=seen)
 
-    def _answered(
-        self,
-        session: AgentSession,
-        rs: pb.RunStarted,
-        principal: Principal,
-        tenant: str,
-        restoring: bool,
-    ) -> bool:
+    def _answered(self, reg: _Registration) -> bool:
         """Answer a registration that needs no verdict of the tenant's budget (another
         tenant's id, a live run re-attaching, an ended run); False to go on."""
+        session, rs, tenant = reg.session, reg.rs, reg.tenant
         run = self.runs.get(rs.run_id)
+        principal = reg.principal
         if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
             # Another tenant's live run: never attach it, and never say whose it is. (An id
             # nobody has would be admitted; one id cannot name two runs, so this one is
@@ -225,7 +224,7 @@ class Registry(Decisions, Lifecycle, Rejoin):
             self._admit_msg(session, run, rs.request_id)
             return True
         if rs.run_id in self.ended:
-            if restoring:  # ended while its agent was away (agent_lost): tell it so
+            if reg.restoring:  # ended while its agent was away (agent_lost): tell it so
                 session.cancel(
                     rs.run_id,
                     Reason.AGENT_LOST.value,
@@ -236,37 +235,18 @@ class Registry(Decisions, Lifecycle, Rejoin):
             return True
         return False
 
-    def _admitted(
-        self,
-        session: AgentSession,
-        rs: pb.RunStarted,
-        principal: Principal,
-        tenant: str,
-        restoring: bool,
-        verdict: Decision,
-        trace: bytes,
-        requested: Limits | None,
-        restored: Any,
-    ) -> None:
+    def _admitted(self, reg: _Registration, verdict: Decision) -> None:
         """The tenant's verdict on a registration: deny, or make the run and Admit it."""
-        if not verdict.stop and (
-            session.closed or self._answered(session, rs, principal, tenant, restoring)
-        ):
+        session, rs, tenant, restoring = reg.session, reg.rs, reg.tenant, reg.restoring
+        if not verdict.stop and (session.closed or self._answered(reg)):
             # Not this registration's slot after all. A run of that id that is live now (a
             # repeated RunStarted) holds the fleet's slot and grant: only the local count.
             self.budgets.run_ended(tenant, "" if rs.run_id in self.runs else rs.run_id)
             return
         if verdict.stop and not restoring:
+            why = (verdict.reason or Reason.TENANT_BUDGET).value  # error: budgets unavailable
             self._deny(
-                session,
-                rs,
-                tenant,
-                Reason.TENANT_BUDGET.value
-                if verdict.reason is Reason.TENANT_BUDGET
-                else Reason.ERROR.value,
-                verdict.message,
-                verdict.utilisation,
-                verdict.metric,
+                session, rs, tenant, why, verdict.message, verdict.utilisation, verdict.metric
             )
             return
         waiting: RunState | None = None
@@ -277,27 +257,27 @@ class Registry(Decisions, Lifecycle, Rejoin):
             # guard's guess; the spans it kept are counted below, above the snapshot's floor.
             waiting, kept = run, run.seq_gate
             self._forget(run)  # releases what it held (kept here)
-        effective = self.config.effective_limits(requested)
+        effective = self.config.effective_limits(reg.requested)
         run = self._new_run(
             rs.run_id,
             tenant=tenant,
             agent=rs.agent,
             parent_run_id=rs.parent_run_id,
-            trace=trace,
+            trace=reg.trace,
             started_at=rs.started_at_unix or time.time(),
             limits=effective,
             session=session,
             admitted=not verdict.stop,
             restoring=restoring,
         )
-        if restored is not None:
-            self._restore_usage(run, restored)
+        if reg.restored is not None:
+            self._restore_usage(run, reg.restored)
         if (restoring and rs.span_seq) or waiting is not None:
             # spans numbered <= span_seq are in the restored usage; each later one counts once
             run.seq_gate = SeqGate(rs.span_seq if restoring else 0)
         self._admit_msg(session, run, rs.request_id)
         if waiting is not None:
-            self._adopt(run, waiting, kept, principal)
+            self._adopt(run, waiting, kept, reg.principal)
         if verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,

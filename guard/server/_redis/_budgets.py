@@ -296,19 +296,12 @@ class RedisTenantBudgets:
     ) -> AllowanceGrant:
         """``TenantAllowances.grant`` across replicas (all or nothing; used + outstanding
         grants never exceed a limit). Renews the run's grant lease."""
-        call = self.grant_call(tenant, run_id, need_cost_usd, need_tokens, seen)
+        call = self.grant_call(tenant, run_id, (need_cost_usd, need_tokens), seen)
         return self.grant_reply(tenant, run_id, await self.client.call(*call))
 
-    def grant_call(
-        self,
-        tenant: str,
-        run_id: str,
-        need_cost_usd: float = 0.0,
-        need_tokens: float = 0.0,
-        seen: tuple[float, float] = (0.0, 0.0),
-    ) -> Call:
-        """The script call of :meth:`grant`."""
-        vals = (need_cost_usd, need_tokens, seen[0], seen[1])
+    def grant_call(self, tenant: str, run_id: str, need=(0.0, 0.0), seen=(0.0, 0.0)) -> Call:
+        """The script call of :meth:`grant` (``need``, ``seen``: cost_usd, tokens)."""
+        vals = (*need, *seen)
         return self._call(tenant, "grant", run_id, *(repr(_finite(v)) for v in vals))
 
     def grant_reply(self, tenant: str, run_id: str, r: Sequence[str]) -> AllowanceGrant:
@@ -319,19 +312,12 @@ class RedisTenantBudgets:
         r = await self._one(tenant, "grant_of", run_id)
         return None if r[0] == "none" else self._grant(tenant, run_id, r)
 
-    async def release(
-        self,
-        tenant: str,
-        run_id: str,
-        *,
-        final: tuple[float, float] | None = None,
-        seen: tuple[float, float] | None = None,
-        free_slot: bool = False,
-    ) -> None:
+    async def release(self, tenant: str, run_id: str, **kw: Any) -> None:
         """The run ended: its spend ``seen`` moves into the windows, the rest of its grant
         goes back but for the tail up to its ``final`` usage (held ``tail_s``); with
-        ``free_slot`` its concurrency slot too, all in one call. Idempotent."""
-        await self.client.call(*self.release_call(tenant, run_id, final, seen, free_slot))
+        ``free_slot`` its concurrency slot too, all in one call. Idempotent. (Keywords:
+        those of :meth:`release_call`.)"""
+        await self.client.call(*self.release_call(tenant, run_id, **kw))
 
     def release_call(
         self,

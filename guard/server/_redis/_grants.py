@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from guard.server._allowances import final_of, root_of, seen_of
+from guard.server._allowances import root_of, seen_of, spend_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import AllowanceGrant
@@ -99,7 +99,7 @@ class FleetDesk:
         (``None``: nothing in Redis to change). ``outcome`` (RunEnded) comes first, then
         the registry's ``_finish`` (every way out) without one."""
         if outcome is not None:
-            self._finals[run.run_id] = final_of(outcome)
+            self._finals[run.run_id] = spend_of(outcome)
             return None
         final = self._finals.pop(run.run_id, None)
         remote = self.shared.remote
@@ -149,7 +149,7 @@ class FleetDesk:
     def ask_calls(self, asks: list[tuple[Any, ...]]) -> Iterator[Call]:
         remote = self.shared.remote
         for tenant, rid, need_cost, need_tokens, seen, *_ in asks:
-            yield remote.grant_call(tenant, rid, need_cost, need_tokens, seen)
+            yield remote.grant_call(tenant, rid, (need_cost, need_tokens), seen)
 
     def answered(self, ask: tuple[Any, ...], reply: Sequence[str]) -> None:
         tenant, rid, _c, _t, _s, session, request_id = ask[:7]

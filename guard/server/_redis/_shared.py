@@ -47,12 +47,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from guard.errors import StateUnavailable
 from guard.policy import CONTINUE, Action, Decision, Reason, Usage
-from guard.server._parts import LocalTenantBudgets
+from guard.server._parts import LocalTenantBudgets, Spent, Verdict
 from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets
 from guard.server._redis._grants import FleetDesk
 from guard.server._redis._pending import PendingUsage
@@ -98,7 +97,7 @@ class SharedTenantBudgets:
         self.observe = fleet.observe
         self.renew = fleet.renew
         self._usage: dict[str, Usage] = {}  # queued deltas, one per tenant
-        self._admits: list[tuple[str, str, Callable[[Decision], None], Any]] = []
+        self._admits: list[tuple[str, str, Verdict, Any]] = []
         self._ends: dict[str, Call] = {}  # run id -> the call freeing its slot and grant
         self._view: dict[str, list[float]] = {}  # the fleet's window sums, as of last sync
         self._task: asyncio.Task[None] | None = None
@@ -106,14 +105,7 @@ class SharedTenantBudgets:
             registry.stats.setdefault(f"redis_{k}", 0)
 
     # -- runs ------------------------------------------------------------------------------
-    def admit(
-        self,
-        tenant: str,
-        run_id: str,
-        then: Callable[[Decision], None],
-        *,
-        grant: tuple[float, float] | None = None,
-    ) -> None:
+    def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
         """The local view first (this replica's own slots and windows are a part of the
         fleet's: a local refusal is final); then the fleet's verdict, from :meth:`sync`
         (with the run's first grant when ``grant``)."""
@@ -255,14 +247,14 @@ class SharedTenantBudgets:
         if self.down:
             await self._recovered()
 
-    def _resolve(self, then: Callable[[Decision], None], verdict: Decision) -> None:
+    def _resolve(self, then: Verdict, verdict: Decision) -> None:
         # another stream's registration may be resolved here: its failure is not this one's
         try:
             then(verdict)
         except Exception:
             log.exception("guard: applying a tenant's admission verdict failed")
 
-    def _fail_open_admit(self, tenant: str, then: Callable[[Decision], None]) -> None:
+    def _fail_open_admit(self, tenant: str, then: Verdict) -> None:
         if self.fail_closed:
             self.local.tenants.run_ended(tenant)
             self.registry.stats["redis_fail_closed_denials"] += 1
