@@ -38,6 +38,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["FleetDesk"]
 
+_OBSERVE_S = 0.25  # noted spend goes with the next request's pipeline at most this late
+_IDLE_FLUSH_S = 1.0  # and on its own pipeline when no request came for this long
+
 
 class FleetDesk:
     """Grants of one replica's runs out of the fleet's windows (see the module docstring)."""
@@ -50,12 +53,14 @@ class FleetDesk:
         self.observed: dict[str, dict[str, tuple[float, float]]] = {}  # tenant -> root -> seen
         # (tenant, root id, need_cost, need_tokens, seen, session, request_id, req, principal)
         self._asks: list[tuple[Any, ...]] = []
-        self._renewed_at = shared.registry.clock()
+        self._dirty: set[RunState] = set()  # runs whose spend Redis's grants do not have yet
+        self._renewed_at = self._flushed_at = shared.registry.clock()
 
     @property
     def busy(self) -> bool:
-        """Whether anything waits for the next pipeline."""
-        return bool(self.observed or self._asks)
+        """Whether anything waits for the next pipeline (noted spend: once it is due)."""
+        due = self._dirty and self.shared.registry.clock() - self._flushed_at >= _IDLE_FLUSH_S
+        return bool(self.observed or self._asks or due)
 
     def tracked(self, tenant: str) -> bool:
         """Whether ``tenant`` has a cost_usd or tokens window (grants to hand out)."""
@@ -80,19 +85,28 @@ class FleetDesk:
         root = self.desk.checked(session, req, principal)
         if root is None:
             return
-        seen = seen_of(root)
-        self.observed.setdefault(root.tenant, {})[root.run_id] = seen  # spend first
+        seen = seen_of(root)  # its spend goes first (take() notes the others' too)
+        self.observed.setdefault(root.tenant, {})[root.run_id] = seen
         need = (req.cost_usd, float(req.tokens))
         ask = (root.tenant, root.run_id, *need, seen, session, req.request_id, req, principal)
         self._asks.append(ask)
 
     def observe(self, touched: Any) -> None:
-        self.desk.observe(touched)
+        """Only noted (the span path): the touched runs' spend moves from their grants into
+        the windows with the next grant, or within ``_OBSERVE_S``. Until then the grants are
+        over-counted, which only ever grants less."""
+        if self.shared.down:
+            self.desk.observe(touched)  # the in-memory desk grants meanwhile
+        self._dirty.update(touched)
+
+    def _note(self) -> None:
         observed = self.observed
-        for run in touched:
+        dirty, self._dirty = self._dirty, set()
+        for run in dirty:
             root = root_of(run)
             if self.tracked(root.tenant):
                 observed.setdefault(root.tenant, {})[root.run_id] = seen_of(root)
+        self._flushed_at = self.shared.registry.clock()
 
     def release(self, run: RunState, outcome: Any) -> Call | None:
         """The run ended: the ``end`` call that gives its grant back and frees its slot
@@ -140,8 +154,12 @@ class FleetDesk:
         self.shared.registry.stats["allowance_grants"] += 1
         return None
 
-    def take(self) -> tuple[dict[str, dict[str, tuple[float, float]]], list[tuple[Any, ...]]]:
-        """What the next pipeline carries: the observed spend, the asks."""
+    def take(self, grants: bool) -> tuple[dict[str, dict[str, tuple[float, float]]], list]:
+        """What the next pipeline carries: the runs' spend (when it grants, ``grants``, or
+        asks, or the noted spend is ``_OBSERVE_S`` old), the asks."""
+        due = self.shared.registry.clock() - self._flushed_at >= _OBSERVE_S
+        if self._dirty and (grants or self._asks or due):
+            self._note()
         observed, self.observed = self.observed, {}
         asks, self._asks = self._asks, []
         return observed, asks

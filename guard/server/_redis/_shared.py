@@ -16,9 +16,11 @@
   keeps the slot it holds. A background task renews this replica's live runs' slots every
   third of ``guard.slot_lease_s`` (one pipeline); a slot not renewed for a lease (a dead
   replica) is free again. Every way out frees it (:meth:`release` of an admitted run);
-* **allowances** (grants to live runs) are still this replica's own, out of its local
-  windows (``_allowances``): within one replica the overshoot bound of issue 11 holds, across
-  replicas the fleet window cuts the tenant at the next request that reaches it.
+* **allowances** (grants to live runs) come out of the fleet's windows
+  (:class:`~guard.server._redis._grants.FleetDesk`): a root run's grant goes in the
+  admission's pipeline and reaches the agent before its Admit, AllowanceRequests and the
+  runs' spend go in the next pipeline, so the overshoot bound of issue 11 holds across
+  replicas.
 
 **Redis unreachable** (:class:`~guard.errors.StateUnavailable`, fast: see ``StateClient``):
 the replica enforces its own local windows and caps (fail-open), logs the outage once and
@@ -34,11 +36,14 @@ lease.
 
 **Redis restarted empty** (no persistence): what is lost is the windows' history before the
 restart (spend and admissions no replica still holds as pending usage: the fleet's windows
-restart from what the replicas reconcile, i.e. from zero at worst), every grant in Redis
-(the allowances are per replica here, so none that a run holds), and the slots until the
-next heartbeat, at most ``slot_lease_s / 3`` later, re-claims every live run's (meanwhile a
-tenant at its cap may admit up to that many runs too many). Nothing of a run's own limits or
-its termination record is in Redis.
+restart from what the replicas reconcile, i.e. from zero at worst); the outstanding grants
+(the runs keep the ceilings they were pushed, for ``allowance_ttl_s``, but Redis counts them
+again only when each run's next grant re-creates its entry from the spend the guard saw, so
+meanwhile the window can be granted again up to what they held: at most one grant per live
+run); and the slots, until the next heartbeat, at most ``slot_lease_s / 3`` later, re-claims
+every live run's (meanwhile a tenant at its cap may admit up to that many runs too many).
+Grants the local desk handed out during an outage are likewise not in Redis until renewed.
+Nothing of a run's own limits or its termination record is in Redis.
 """
 
 from __future__ import annotations
@@ -199,7 +204,7 @@ class SharedTenantBudgets:
         usage, self._usage = self._usage, {}
         admits, self._admits = self._admits, []
         ends, self._ends = self._ends, {}
-        observed, asks = fleet.take()
+        observed, asks = fleet.take(any(a[3] is not None for a in admits))
         r = self.remote
         tenants = list(usage.keys() | observed.keys())
         calls = list(ends.values())
