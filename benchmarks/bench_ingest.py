@@ -84,7 +84,12 @@ def _hex(*parts: int) -> str:
     return hashlib.md5(repr(parts).encode()).hexdigest()  # fingerprint-shaped test data
 
 
-def build_requests(numbered: bool = False) -> list[bytes]:
+def tenant_of(run: int, tenants: int = 1) -> str:
+    """The tenant of run number ``run`` in a load spread over ``tenants`` tenants."""
+    return "acme" if tenants == 1 else f"t{run % tenants}"
+
+
+def build_requests(numbered: bool = False, tenants: int = 1) -> list[bytes]:
     out = []
     seqs = [0] * RUNS
 
@@ -101,7 +106,7 @@ def build_requests(numbered: bool = False) -> list[bytes]:
             run = n % RUNS
             rid = f"run-{run:05d}"
             tid = run.to_bytes(16, "big")
-            base = [_kv("guard.run.id", rid), _kv("guard.tenant", "acme")]
+            base = [_kv("guard.run.id", rid), _kv("guard.tenant", tenant_of(run, tenants))]
             spans.append(
                 trace_pb2.Span(
                     name="chat gpt-4.1",
@@ -201,7 +206,7 @@ async def _floor(port: int) -> None:
 
 
 # -- load -------------------------------------------------------------------------------
-async def _register_runs(address: str) -> tuple[object, object]:
+async def _register_runs(address: str, tenants: int = 1) -> tuple[object, object]:
     from guard.v1 import guard_pb2 as pb
     from guard.v1 import guard_pb2_grpc
 
@@ -222,7 +227,7 @@ async def _register_runs(address: str) -> tuple[object, object]:
         rs = pb.RunStarted(
             run_id=f"run-{i:05d}",
             trace_id=i.to_bytes(16, "big").hex(),
-            tenant="acme",
+            tenant=tenant_of(i, tenants),
             agent="bench",
             request_id=i + 1,
         )

@@ -17,7 +17,10 @@ calls, and the latency a reservation adds to a model call. Prints JSON.
    reserved call minus the plain one per percentile (noisier). p50 and p99 in ms, medians
    over ``--repeat`` runs; goal: p99 added <= 2 ms on loopback.
 
-    python benchmarks/bench_reservations.py [--trials 2] [--calls 2000]
+    python benchmarks/bench_reservations.py [--trials 2] [--calls 2000] [--replicas 3]
+
+``--replicas 3``: part 1 against 3 guard processes (``serve`` with ``OTEL_GUARD_REDIS_URL``,
+one real redis-server) sharing the tenant's budget, the 4 agent processes spread over them.
 """
 
 from __future__ import annotations
@@ -72,19 +75,49 @@ def _guard(policy: str):
             proc.wait(20)
 
 
+@contextlib.contextmanager
+def _replicas(policy: str, n: int):
+    """``n`` guard processes (``serve`` with ``OTEL_GUARD_REDIS_URL``) sharing one real
+    redis-server: yields their endpoints."""
+    sys.path.insert(0, str(HERE.parent))
+    from tests.redisstate._server import RedisServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        redis = RedisServer(Path(tmp))
+        redis.start()
+        cfg = Path(tmp) / "guard.yaml"
+        cfg.write_text(policy)
+        env = {**os.environ, "OTEL_GUARD_DISABLED": "0", "OTEL_GUARD_REDIS_URL": redis.url}
+        procs = []
+        try:
+            for _ in range(n):
+                procs.append(start_guard(str(cfg), env=env))
+            yield [f"127.0.0.1:{port}" for _, port in procs]
+        finally:
+            for proc, _ in procs:
+                proc.terminate()
+            for proc, _ in procs:
+                proc.wait(20)
+            redis.stop()
+
+
 # -- 1. tenant overshoot -------------------------------------------------------------------
-def _fleet(endpoint: str, tenant: str, mode: str, think_s: float, procs: int, runs: int):
+def _fleet(endpoint, tenant: str, mode: str, think_s: float, procs: int, runs: int):
     lines = fleet(endpoint, tenant, mode, procs=procs, runs=runs, price=PRICE, think_s=think_s)
     ended = [x for x in lines if x["event"] == "ended"]
     stats = [x["stats"] for x in lines if x["event"] == "done"]
     return ended, stats
 
 
-def tenant_overshoot(trials: int, limit: float, procs: int, runs: int) -> dict:
+def tenant_overshoot(trials: int, limit: float, procs: int, runs: int, replicas: int = 1) -> dict:
+    """``replicas`` > 1: that many guard processes sharing tenant budgets through Redis, the
+    agent processes spread over them."""
     thinks = (0.0, 0.005)
     tenants = [f"t{m}{i}{k}" for m in ("r", "p") for i in range(trials) for k in range(len(thinks))]
     out: dict[str, list[dict]] = {"reserve": [], "plain": []}
-    with _guard(_policy(tenants, limit)) as endpoint:
+    policy = _policy(tenants, limit)
+    guards = _guard(policy) if replicas == 1 else _replicas(policy, replicas)
+    with guards as endpoint:
         for mode in ("reserve", "plain"):
             for i in range(trials):
                 for k, think in enumerate(thinks):
@@ -114,6 +147,7 @@ def tenant_overshoot(trials: int, limit: float, procs: int, runs: int) -> dict:
     return {
         "limit_usd": limit,
         "price_usd": PRICE,
+        "replicas": replicas,
         "processes": procs,
         "concurrent_runs": procs * runs,
         "bound_reserve": {"usd": PRICE, "calls": 1, "rule": "one reservation"},
@@ -295,10 +329,13 @@ def main() -> None:
     ap.add_argument(
         "--parts", nargs="*", default=["tenant", "per_run", "latency"], help="a subset to run"
     )
+    ap.add_argument(
+        "--replicas", type=int, default=1, help="tenant part: guard replicas sharing Redis"
+    )
     ns = ap.parse_args()
     result: dict = {"benchmark": "reservations"}
     if "tenant" in ns.parts:
-        result["tenant_overshoot"] = tenant_overshoot(ns.trials, ns.limit, 4, 8)
+        result["tenant_overshoot"] = tenant_overshoot(ns.trials, ns.limit, 4, 8, ns.replicas)
     if "per_run" in ns.parts:
         result["per_run_overshoot"] = per_run_overshoot()
     if "latency" in ns.parts:

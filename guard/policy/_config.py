@@ -132,6 +132,12 @@ class GuardSettings:
     # allowance_ttl_s unless renewed (the guard renews live runs' grants at half that).
     allowance_fraction: float = 0.05
     allowance_ttl_s: float = 30.0
+    # Several replicas (serve --redis): while Redis is unreachable a replica enforces its own
+    # local windows (fail-open); fail_closed denies new runs instead (live runs go on). A
+    # run's concurrency slot in Redis lapses slot_lease_s after its replica last renewed it
+    # (renewed every third of that), so a dead replica's runs free their slots.
+    fail_closed: bool = False
+    slot_lease_s: float = 30.0
     # The guard's own metrics (Prometheus endpoint, OTLP export): off unless configured.
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
@@ -253,6 +259,13 @@ def _guard(data: Any, path: str) -> GuardSettings:
         )
     if "metrics" in d:
         kw["metrics"] = parse_metrics(d["metrics"], f"{path}.metrics")
+    if "fail_closed" in d:
+        if not isinstance(d["fail_closed"], bool):
+            got = type(d["fail_closed"]).__name__
+            raise ConfigError(f"must be true or false, got {got}", path=f"{path}.fail_closed")
+        kw["fail_closed"] = d["fail_closed"]
+    if "slot_lease_s" in d:
+        kw["slot_lease_s"] = req_float(d["slot_lease_s"], f"{path}.slot_lease_s", minimum=0.3)
     for name in ("max_tracked_runs", "heartbeat_interval_ms", "admit_timeout_ms"):
         if name in d:
             v = opt_int(d[name], f"{path}.{name}", minimum=1)

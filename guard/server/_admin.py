@@ -162,6 +162,8 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
             names = [principal.tenant]
         else:
             names = budgets.known()
+        if len(names) == 1:  # one tenant: fresh from the shared store (replicas)
+            return pb.TenantBudgetsResponse(tenants=[await budgets.fleet_status(names[0])])
         return pb.TenantBudgetsResponse(tenants=[budgets.status(n) for n in names])
 
     @grpc_errors

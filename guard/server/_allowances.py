@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._state import RunState
     from guard.v1 import guard_pb2 as pb
 
-__all__ = ["RECENT_ENDED", "Allowances"]
+__all__ = ["RECENT_ENDED", "Allowances", "root_of", "seen_of", "spend_of"]
 
 RECENT_ENDED = 20_000  # ended run ids remembered (-> tenant, root) so late spans still count
 _TAIL_S = 5.0  # how long a run's tail (final usage not seen yet) stays held after it ended
@@ -55,13 +55,15 @@ _MAX_TOKENS = float(2**53)  # a request beyond this is not a reservation, it is 
 _MAX_COST_USD = 1e9
 
 
-def _root(run: RunState) -> RunState:
+def root_of(run: RunState) -> RunState:
+    """The root of ``run``'s tree (its budget counts its sub-agents' spend too)."""
     while run.parent is not None:
         run = run.parent
     return run
 
 
-def _seen(run: RunState) -> tuple[float, float]:
+def seen_of(run: RunState) -> tuple[float, float]:
+    """What ``run`` spent (cost_usd, tokens), as its grant counts it."""
     cost, tokens = run.budget.held()  # the guard never reserves: held = used
     return (cost, float(tokens))
 
@@ -99,7 +101,7 @@ class Allowances:
             self._ledgers[tenant] = led
         return led
 
-    def _push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
+    def push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
         if session is None or session.closed:
             return
         msg = allowance_to_pb(
@@ -125,12 +127,16 @@ class Allowances:
         grant = led.grant_of(run.run_id)
         if grant is None:
             self.refresh()
-            grant = led.grant(run.run_id, self.registry.clock(), seen=_seen(run))
+            grant = led.grant(run.run_id, self.registry.clock(), seen=seen_of(run))
             self.registry.stats["allowance_grants"] += 1
-        self._push(session, grant)
+        self.push(session, grant)
 
-    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal):
-        """An ``AllowanceRequest``: grant at least what it needs, or say exhausted."""
+    def checked(
+        self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal
+    ) -> RunState | None:
+        """Validate an ``AllowanceRequest`` and answer the ones that need no grant (a run
+        not live on this stream: ``ttl_s=0``; a tenant without windows: no ceilings). The
+        root run to grant to, else ``None`` (answered). ``InvalidInput`` if out of bounds."""
         need_cost, need_tokens = req.cost_usd, float(req.tokens)
         if not (math.isfinite(need_cost) and 0.0 <= need_cost <= _MAX_COST_USD):
             raise InvalidInput(f"allowance_request.cost_usd must be in [0, 1e9], got {need_cost}")
@@ -144,20 +150,29 @@ class Allowances:
         ):
             self.registry.stats["allowance_unknown"] += 1
             session.send("allowance", allowance_to_pb(req.run_id[:256], request_id=req.request_id))
+            return None
+        root = root_of(run)
+        if self.ledger(root.tenant) is None:  # no window: nothing to ask for (no ceilings)
+            self.push(session, _Unlimited(req.run_id), req.request_id)
+            return None
+        return root
+
+    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal):
+        """An ``AllowanceRequest``: grant at least what it needs, or say exhausted."""
+        root = self.checked(session, req, principal)
+        if root is None:
             return
-        root = _root(run)
         led = self.ledger(root.tenant)
-        if led is None:  # no window: nothing to ask for (no ceilings)
-            self._push(session, _Unlimited(req.run_id), req.request_id)
-            return
+        assert led is not None  # checked() answered the tenants without one
+        need_cost, need_tokens = req.cost_usd, float(req.tokens)
         now = self.registry.clock()
         self.refresh()
-        led.observe(root.run_id, *_seen(root))
+        led.observe(root.run_id, *seen_of(root))
         grant = led.grant(
-            root.run_id, now, need_cost_usd=need_cost, need_tokens=need_tokens, seen=_seen(root)
+            root.run_id, now, need_cost_usd=need_cost, need_tokens=need_tokens, seen=seen_of(root)
         )
         self.registry.stats["allowance_exhausted" if grant.exhausted else "allowance_grants"] += 1
-        self._push(session, grant, req.request_id)
+        self.push(session, grant, req.request_id)
 
     def observe(self, touched: Any) -> None:
         """After an OTLP request: the touched runs' spend will move from their grants into
@@ -179,8 +194,8 @@ class Allowances:
             led = ledgers.get(run.tenant)
             if led is None:
                 continue
-            root = _root(run)
-            cost, tokens = _seen(root)
+            root = root_of(run)
+            cost, tokens = seen_of(root)
             batches.setdefault(led, []).append((root.run_id, cost, tokens))
         for led, batch in batches.items():
             led.observe_many(batch)
@@ -188,7 +203,7 @@ class Allowances:
     def release(self, run: RunState, outcome: Any = None) -> None:
         """The run ended (any way): its grant goes back, but for the tail its final usage
         says is still on the way; late spans of it still count (``late_span``)."""
-        root = _root(run)
+        root = root_of(run)
         if self.tenants.wants_usage(run.tenant):
             self._recent[run.run_id] = (run.tenant, root.run_id)
             self._recent.move_to_end(run.run_id)
@@ -197,14 +212,8 @@ class Allowances:
         led = self._ledgers.get(run.tenant)
         if led is None or root is not run:
             return
-        led.observe(run.run_id, *_seen(run))  # what it spent, before the rest goes back
-        final = None
-        if outcome is not None:
-            cost = outcome.cost_usd or 0.0
-            tokens = float(outcome.input_tokens + outcome.output_tokens)
-            if math.isfinite(cost) and cost >= 0:
-                final = (cost, tokens)
-        led.release(run.run_id, self.registry.clock(), final=final)
+        led.observe(run.run_id, *seen_of(run))  # what it spent, before the rest goes back
+        led.release(run.run_id, self.registry.clock(), final=spend_of(outcome))
 
     def late_span(self, o: Any, scope: str | None, spent: dict[str, Usage]) -> bool:
         """A span of a run that already ended: count it towards its tenant's windows (and
@@ -261,7 +270,17 @@ class Allowances:
                 led = self._ledgers.get(run.tenant)
                 grant = None if led is None else led.grant_of(run.run_id)
                 if grant is not None:
-                    self._push(run.session, grant)
+                    self.push(run.session, grant)
+
+
+def spend_of(usage: Any) -> tuple[float, float] | None:
+    """(cost_usd, tokens) an ``Outcome`` or a ``Usage`` says a run spent (None: it does
+    not say, or not in finite numbers)."""
+    if usage is None:
+        return None
+    cost = usage.cost_usd or 0.0
+    tokens = float(usage.input_tokens + usage.output_tokens)
+    return (cost, tokens) if math.isfinite(cost) and cost >= 0 else None
 
 
 class _Unlimited:

@@ -184,6 +184,9 @@ class GuardServer:
         out["runs_span_only"] = float(len(registry.span_only))
         out["sessions"] = float(len(self._sessions))
         out["tenants_known"] = float(len(registry.budgets.known()))
+        state = getattr(registry, "state", None)  # a replica's Redis connection (--redis)
+        if state is not None:
+            out.update({f"redis_{k}": float(v) for k, v in state.stats.items()})
         return out
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -221,6 +224,7 @@ class GuardServer:
             from guard.server._metrics import GuardMetrics
 
             self.metrics = GuardMetrics(self, self.metrics_settings).start()
+        self.registry.metrics = self.metrics  # the shared state reports through it
         await self.registry.parts.start()  # shared state first: admissions need it
         if self.http_listen:  # after the parts (it ingests at once), before reporting ready
             from guard.server._http import HttpReceiver, server_ssl_context

@@ -42,10 +42,16 @@ __all__ = [
     "Parts",
     "PartsFactory",
     "RunDirectory",
+    "Spent",
     "TenantBudgets",
+    "Verdict",
     "local_parts",
     "parts_for",
 ]
+
+
+Verdict = Callable[["Decision"], None]  # told the tenant's verdict on an admission
+Spent = tuple[float, float] | None  # (cost_usd, tokens) a run spent, or no grant asked
 
 
 class TenantBudgets(Protocol):
@@ -56,16 +62,27 @@ class TenantBudgets(Protocol):
     """
 
     # -- runs ------------------------------------------------------------------------------
-    def admit(self, tenant: str) -> Decision:
-        """Take a concurrency slot for a new run of ``tenant``, or say why not."""
+    def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
+        """Take a concurrency slot for the new run ``run_id`` of ``tenant``, or say why not:
+        ``then(decision)`` is called with the verdict, at once from a local view, or from
+        :meth:`sync` when the slot is the fleet's (the run is admitted only then). A run that
+        holds its slot already (it re-registered) keeps it. ``grant``: a root run, whose
+        allowance grant may come with its admission (see :meth:`on_admit`): what it spent
+        so far (cost_usd, tokens: zero, or a re-registered run's snapshot)."""
 
-    def run_ended(self, tenant: str) -> None:
-        """Give back the slot of a run that was admitted."""
+    def run_ended(self, tenant: str, run_id: str = "") -> None:
+        """Give back the slot of a run that was admitted (``run_id``: a run that never got
+        as far as the registry, e.g. its stream closed while its admission was settled)."""
 
     # -- usage -----------------------------------------------------------------------------
     def record(self, tenant: str, usage: Usage) -> Decision:
         """Add one request's summed usage of ``tenant`` (or a re-registered run's snapshot) to
         its windows: one call per request per tenant, never per span."""
+
+    def restore(self, tenant: str, usage: Usage) -> None:
+        """A re-registered root run's snapshot: into the windows that did not count it yet
+        (in memory: this process's, after a restart; shared: the fleet counted it already,
+        so only the local view)."""
 
     def wants_usage(self, tenant: str) -> bool:
         """Whether any window of ``tenant`` counts usage (cheap; the span path asks)."""
@@ -77,7 +94,11 @@ class TenantBudgets(Protocol):
         """Tenants with a budget: the policy file's and those seen on the wire."""
 
     def status(self, tenant: str) -> pb.TenantBudget:
-        """``GuardAdmin.TenantBudgets``: the tenant's windows, slots and exhaustion."""
+        """The tenant's windows, slots and exhaustion, from the view as of the last sync."""
+
+    async def fleet_status(self, tenant: str) -> pb.TenantBudget:
+        """``GuardAdmin.TenantBudgets``: :meth:`status`, read fresh from the shared store
+        (the view when it does not answer)."""
 
     def budget(self, tenant: str) -> TenantBudget | None:
         """The policy's budget object of ``tenant`` (``None`` beyond the tenants cap)."""
@@ -175,9 +196,8 @@ class LocalTenantBudgets:
         self.tenants = Tenants(registry.config, clock=registry.clock)
         self.allowances = Allowances(registry, self.tenants)
         t, a = self.tenants, self.allowances
-        self.admit = t.admit
-        self.run_ended = t.run_ended
         self.record = t.record
+        self.restore = t.record  # a restarted guard's windows start empty: count it again
         self.wants_usage = t.wants_usage
         self.exhausted = t.exhausted
         self.known = t.known
@@ -189,6 +209,15 @@ class LocalTenantBudgets:
         self.release = a.release
         self.late_span = a.late_span
         self.renew = a.renew
+
+    def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
+        then(self.tenants.admit(tenant))
+
+    def run_ended(self, tenant: str, run_id: str = "") -> None:
+        self.tenants.run_ended(tenant)
+
+    async def fleet_status(self, tenant: str) -> pb.TenantBudget:
+        return self.status(tenant)
 
     async def sync(self) -> None:
         """Nothing to settle: this process is the only one."""

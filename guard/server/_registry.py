@@ -14,14 +14,17 @@ is a part of its own (``_ingest.SpanApplier``, ``registry.applier``); the decisi
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from guard.errors import InvalidInput
 from guard.policy import (
     Budget,
     DecidedBy,
+    Decision,
     Forecaster,
     Limits,
     LoopDetector,
@@ -29,6 +32,7 @@ from guard.policy import (
     Reason,
     SoftLevel,
 )
+from guard.server._allowances import spend_of
 from guard.server._auth import Principal
 from guard.server._decisions import Decisions, decision_record
 from guard.server._decode import Decoded
@@ -64,6 +68,20 @@ def _trace_bytes(hex_id: str) -> bytes:
     if len(raw) != 16:
         raise InvalidInput(f"trace_id must be 32 hex characters (got {len(hex_id)})")
     return raw
+
+
+@dataclass(slots=True)
+class _Registration:
+    """A RunStarted (or a Hello.live_runs entry) on its way to its tenant's verdict."""
+
+    session: AgentSession
+    rs: pb.RunStarted
+    principal: Principal
+    tenant: str
+    restoring: bool
+    trace: bytes = b""
+    requested: Limits | None = None
+    restored: Any = None  # the re-registered run's usage snapshot
 
 
 class Registry(Decisions, Lifecycle, Rejoin):
@@ -157,45 +175,23 @@ class Registry(Decisions, Lifecycle, Rejoin):
         *,
         restoring: bool = False,
     ) -> None:
-        """Handle RunStarted (or one Hello.live_runs entry): answer Admit or Deny."""
+        """Handle RunStarted (or one Hello.live_runs entry): answer Admit or Deny.
+
+        The tenant's verdict may come later (shared budgets settle a slot with the fleet in
+        ``budgets.sync``): :meth:`_admitted` then takes it from there, and checks again what
+        may have changed meanwhile (the same run registered on another stream, its spans
+        made it provisional, it ended)."""
         self._check_id(rs.run_id)
         tenant = rs.tenant or session.tenant or (principal.tenant or "")
         principal.check_tenant(tenant)
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
             raise InvalidInput("tenant/agent longer than 256 chars")
-        run = self.runs.get(rs.run_id)
-        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
-            # Another tenant's live run: never attach it, and never say whose it is. (An id
-            # nobody has would be admitted; one id cannot name two runs, so this one is
-            # refused like a reused id, in words that do not depend on the other tenant.)
-            self._deny(session, rs, tenant, Reason.ERROR.value, "run_id is already in use")
+        reg = _Registration(session, rs, principal, tenant, restoring)
+        if self._answered(reg):
             return
-        waiting: RunState | None = None
-        kept: Any = None
-        if run is not None:
-            if not run.provisional:
-                self._attach(run, session)
-                self._admit_msg(session, run, rs.request_id)
-                return
-            # Spans got here first: the agent's identity, limits and counters replace the
-            # guard's guess; the spans it kept are counted below, above the snapshot's floor.
-            waiting, kept = run, run.seq_gate
-            self._forget(run)  # releases what it held (kept here)
-        if rs.run_id in self.ended:
-            if restoring:  # ended while its agent was away (agent_lost): tell it so
-                session.cancel(
-                    rs.run_id,
-                    Reason.AGENT_LOST.value,
-                    "run was ended by the guard while its agent was disconnected",
-                )
-            else:
-                self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
-            return
-        trace = _trace_bytes(rs.trace_id)
-        requested: Limits | None = (
-            limits_from_pb(rs.requested) if rs.HasField("requested") else None
-        )
-        restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
+        reg.trace = _trace_bytes(rs.trace_id)
+        reg.requested = limits_from_pb(rs.requested) if rs.HasField("requested") else None
+        reg.restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
         if self.table.full() and not self._make_room():
             self.stats["capacity_rejections"] += 1
             self._deny(
@@ -207,49 +203,95 @@ class Registry(Decisions, Lifecycle, Rejoin):
                 f"{self.max_runs})",
             )
             return
-        cancelling = self.cancelling(tenant, rs.agent)
-        if cancelling is not None and not restoring:
+        if not restoring and (cancelling := self.cancelling(tenant, rs.agent)) is not None:
+            # a fleet cancel by selector is being carried out: a matching new run is denied
             self._deny(session, rs, tenant, Reason.OPERATOR_CANCEL.value, cancelling)
             return
-        verdict = self.budgets.admit(tenant)
+        parent = self.runs.get(rs.parent_run_id) if rs.parent_run_id else None
+        root = parent is None or parent.tenant != tenant
+        seen = (spend_of(reg.restored) or (0.0, 0.0)) if root else None
+        self.budgets.admit(tenant, rs.run_id, functools.partial(self._admitted, reg), grant=seen)
+
+    def _answered(self, reg: _Registration) -> bool:
+        """Answer a registration that needs no verdict of the tenant's budget (another
+        tenant's id, a live run re-attaching, an ended run); False to go on."""
+        session, rs, tenant = reg.session, reg.rs, reg.tenant
+        run = self.runs.get(rs.run_id)
+        principal = reg.principal
+        if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
+            # Another tenant's live run: never attach it, and never say whose it is. (An id
+            # nobody has would be admitted; one id cannot name two runs, so this one is
+            # refused like a reused id, in words that do not depend on the other tenant.)
+            self._deny(session, rs, tenant, Reason.ERROR.value, "run_id is already in use")
+            return True
+        if run is not None and not run.provisional:
+            self._attach(run, session)
+            self._admit_msg(session, run, rs.request_id)
+            return True
+        if rs.run_id in self.ended:
+            if reg.restoring:  # ended while its agent was away (agent_lost): tell it so
+                session.cancel(
+                    rs.run_id,
+                    Reason.AGENT_LOST.value,
+                    "run was ended by the guard while its agent was disconnected",
+                )
+            else:
+                self._deny(session, rs, tenant, Reason.ERROR.value, "run_id already ended")
+            return True
+        return False
+
+    def _admitted(self, reg: _Registration, verdict: Decision) -> None:
+        """The tenant's verdict on a registration: deny, or make the run and Admit it."""
+        session, rs, tenant, restoring = reg.session, reg.rs, reg.tenant, reg.restoring
+        if not verdict.stop and (session.closed or self._answered(reg)):
+            # Not this registration's slot after all. A run of that id that is live now (a
+            # repeated RunStarted) holds the fleet's slot and grant: only the local count.
+            self.budgets.run_ended(tenant, "" if rs.run_id in self.runs else rs.run_id)
+            return
         if verdict.stop and not restoring:
+            why = (verdict.reason or Reason.TENANT_BUDGET).value  # error: budgets unavailable
             self._deny(
-                session,
-                rs,
-                tenant,
-                Reason.TENANT_BUDGET.value,
-                verdict.message,
-                verdict.utilisation,
-                verdict.metric,
+                session, rs, tenant, why, verdict.message, verdict.utilisation, verdict.metric
             )
             return
-        effective = self.config.effective_limits(requested)
+        waiting: RunState | None = None
+        kept: Any = None
+        run = self.runs.get(rs.run_id)
+        if run is not None:
+            # Spans got here first: the agent's identity, limits and counters replace the
+            # guard's guess; the spans it kept are counted below, above the snapshot's floor.
+            waiting, kept = run, run.seq_gate
+            self._forget(run)  # releases what it held (kept here)
+        effective = self.config.effective_limits(reg.requested)
         run = self._new_run(
             rs.run_id,
             tenant=tenant,
             agent=rs.agent,
             parent_run_id=rs.parent_run_id,
-            trace=trace,
+            trace=reg.trace,
             started_at=rs.started_at_unix or time.time(),
             limits=effective,
             session=session,
             admitted=not verdict.stop,
             restoring=restoring,
         )
-        if restored is not None:
-            self._restore_usage(run, restored)
+        if reg.restored is not None:
+            self._restore_usage(run, reg.restored)
         if (restoring and rs.span_seq) or waiting is not None:
             # spans numbered <= span_seq are in the restored usage; each later one counts once
             run.seq_gate = SeqGate(rs.span_seq if restoring else 0)
         self._admit_msg(session, run, rs.request_id)
         if waiting is not None:
-            self._adopt(run, waiting, kept, principal)
-        if cancelling is not None:  # re-registered during a fleet cancel that matches it
+            self._adopt(run, waiting, kept, reg.principal)
+        # A fleet cancel that matches it: a re-registered run stops now; a new run admitted
+        # while the fleet's verdict was on its way (the cancel began meanwhile) too.
+        cancelling = self.cancelling(tenant, rs.agent)
+        if cancelling is not None:
             self.stop_run(run, Reason.OPERATOR_CANCEL, cancelling, None, None, DecidedBy.OPERATOR)
         elif verdict.stop:  # re-registered into an exhausted tenant: it must stop now
             self.stop_run(
                 run,
-                Reason.TENANT_BUDGET,
+                verdict.reason or Reason.TENANT_BUDGET,
                 verdict.message,
                 verdict.utilisation,
                 verdict.metric,

@@ -59,7 +59,7 @@ class Rejoin:
         run.tokens_used = u.input_tokens + u.output_tokens
         run.cost_used = u.cost_usd or 0.0
         if run.parent is None:
-            self.budgets.record(run.tenant, u)
+            self.budgets.restore(run.tenant, u)
 
     def _adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
         """The agent registered a run that spans had created first (provisional): count the

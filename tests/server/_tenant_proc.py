@@ -24,7 +24,7 @@ __all__ = ["fleet"]
 
 
 def fleet(
-    endpoint: str,
+    endpoint: str | list[str],
     tenant: str,
     mode: str,
     *,
@@ -35,16 +35,18 @@ def fleet(
     timeout_s: float = 120.0,
 ) -> list[dict]:
     """Start ``procs`` agent processes of ``runs`` runs each, let them go at once, and return
-    every JSON line they printed (``ended`` per run, ``done`` per process)."""
-    args = [endpoint, tenant, mode, str(runs), str(price), str(think_s)]
+    every JSON line they printed (``ended`` per run, ``done`` per process). A list of
+    endpoints spreads the processes over several guards (process i uses endpoint[i % n])."""
+    endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+    args = [tenant, mode, str(runs), str(price), str(think_s)]
     ps = [
         subprocess.Popen(
-            [sys.executable, __file__, *args],
+            [sys.executable, __file__, endpoints[i % len(endpoints)], *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(procs)
+        for i in range(procs)
     ]
     try:
         for p in ps:

@@ -7,11 +7,13 @@ from guard.server._redis._budgets import RecordBatch, RedisTenantBudgets, Tenant
 from guard.server._redis._client import StateClient
 from guard.server._redis._parts import redis_parts
 from guard.server._redis._pending import PendingUsage
+from guard.server._redis._shared import SharedTenantBudgets
 
 __all__ = [
     "PendingUsage",
     "RecordBatch",
     "RedisTenantBudgets",
+    "SharedTenantBudgets",
     "StateClient",
     "TenantStatus",
     "redis_parts",

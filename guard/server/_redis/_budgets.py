@@ -193,11 +193,12 @@ class RedisTenantBudgets:
         return AllowanceGrant(run_id, *c, exhausted=True, detail=detail)
 
     # -- runs ----------------------------------------------------------------------------------
-    async def admit(self, tenant: str, run_id: str) -> Decision:
-        """Take a concurrency slot and count the run in the ``runs`` windows, or deny it
-        (STOP / tenant_budget, the in-memory messages). A run that holds a slot already (it
-        re-registered on another replica) keeps it and is not counted again."""
-        r = await self._one(tenant, "admit", run_id)
+    def admit_call(self, tenant: str, run_id: str) -> Call:
+        """The script call of :meth:`admit` (to go out in a caller's pipeline)."""
+        return self._call(tenant, "admit", run_id)
+
+    def admit_reply(self, tenant: str, r: Sequence[str]) -> Decision:
+        """The decision an ``admit`` call's reply ``r`` means."""
         if r[0] == "ok":
             return CONTINUE
         if r[0] == "c":
@@ -207,9 +208,19 @@ class RedisTenantBudgets:
         j, left, need, granted = int(r[1]), float(r[2]), float(r[3]), float(r[4])
         return nothing_to_grant(tenant, _METRICS[j - 1], left, need, granted)
 
+    async def admit(self, tenant: str, run_id: str) -> Decision:
+        """Take a concurrency slot and count the run in the ``runs`` windows, or deny it
+        (STOP / tenant_budget, the in-memory messages). A run that holds a slot already (it
+        re-registered on another replica) keeps it and is not counted again."""
+        return self.admit_reply(tenant, await self.client.call(*self.admit_call(tenant, run_id)))
+
+    def end_call(self, tenant: str, run_id: str) -> Call:
+        """The script call of :meth:`run_ended`."""
+        return self._call(tenant, "end", run_id, "1", "-")
+
     async def run_ended(self, tenant: str, run_id: str) -> None:
         """Free the run's slot (idempotent)."""
-        await self._one(tenant, "end", run_id, "1", "-")
+        await self.client.call(*self.end_call(tenant, run_id))
 
     async def heartbeat(self, runs: dict[str, Iterable[str]], *, claim: bool = False) -> None:
         """Renew the leases of this replica's live runs (slots and grants), one pipeline for
@@ -225,7 +236,8 @@ class RedisTenantBudgets:
             await self.client.call_many(calls)
 
     # -- usage ---------------------------------------------------------------------------------
-    def _record_call(self, tenant: str, b: RecordBatch) -> Call:
+    def record_call(self, tenant: str, b: RecordBatch) -> Call:
+        """The script call of one tenant's part of :meth:`record_many`."""
         d = b.delta or Usage()
         extra = [
             repr(float(d.cost_usd or 0.0)),
@@ -248,11 +260,15 @@ class RedisTenantBudgets:
         """One Export request: every tenant's usage in one round trip. The decision per
         tenant is STOP / tenant_budget once any of its windows is reached."""
         tenants = list(batches)
-        replies = await self.client.call_many([self._record_call(t, batches[t]) for t in tenants])
-        return {
-            t: CONTINUE if r[0] == "ok" else self._window_decision(t, r)
-            for t, r in zip(tenants, replies, strict=True)
-        }
+        replies = await self.client.call_many([self.record_call(t, batches[t]) for t in tenants])
+        return {t: self.record_reply(t, r)[0] for t, r in zip(tenants, replies, strict=True)}
+
+    def record_reply(self, tenant: str, r: Sequence[str]) -> tuple[Decision, list[float]]:
+        """A ``record`` call's reply: the decision, and every window's fleet-wide sum after
+        it (in the order of the tenant's rolling limits)."""
+        if r[0] == "ok":
+            return CONTINUE, [float(x) for x in r[1:]]
+        return self._window_decision(tenant, r), [float(x) for x in r[4:]]
 
     async def record(self, tenant: str, delta: Usage | None = None, **kw: Any) -> Decision:
         """:meth:`record_many` for one tenant (``observe=``, ``late=``, ``runs=``)."""
@@ -280,33 +296,45 @@ class RedisTenantBudgets:
     ) -> AllowanceGrant:
         """``TenantAllowances.grant`` across replicas (all or nothing; used + outstanding
         grants never exceed a limit). Renews the run's grant lease."""
-        vals = (need_cost_usd, need_tokens, seen[0], seen[1])
-        r = await self._one(tenant, "grant", run_id, *(repr(_finite(v)) for v in vals))
+        call = self.grant_call(tenant, run_id, (need_cost_usd, need_tokens), seen)
+        return self.grant_reply(tenant, run_id, await self.client.call(*call))
+
+    def grant_call(self, tenant: str, run_id: str, need=(0.0, 0.0), seen=(0.0, 0.0)) -> Call:
+        """The script call of :meth:`grant` (``need``, ``seen``: cost_usd, tokens)."""
+        vals = (*need, *seen)
+        return self._call(tenant, "grant", run_id, *(repr(_finite(v)) for v in vals))
+
+    def grant_reply(self, tenant: str, run_id: str, r: Sequence[str]) -> AllowanceGrant:
+        """The grant a ``grant`` (or ``grant_of``) call's reply ``r`` means."""
         return self._grant(tenant, run_id, r)
 
     async def grant_of(self, tenant: str, run_id: str) -> AllowanceGrant | None:
         r = await self._one(tenant, "grant_of", run_id)
         return None if r[0] == "none" else self._grant(tenant, run_id, r)
 
-    async def release(
+    async def release(self, tenant: str, run_id: str, **kw: Any) -> None:
+        """The run ended: its spend ``seen`` moves into the windows, the rest of its grant
+        goes back but for the tail up to its ``final`` usage (held ``tail_s``); with
+        ``free_slot`` its concurrency slot too, all in one call. Idempotent. (Keywords:
+        those of :meth:`release_call`.)"""
+        await self.client.call(*self.release_call(tenant, run_id, **kw))
+
+    def release_call(
         self,
         tenant: str,
         run_id: str,
-        *,
         final: tuple[float, float] | None = None,
         seen: tuple[float, float] | None = None,
         free_slot: bool = False,
-    ) -> None:
-        """The run ended: its spend ``seen`` moves into the windows, the rest of its grant
-        goes back but for the tail up to its ``final`` usage (held ``tail_s``); with
-        ``free_slot`` its concurrency slot too, all in one call. Idempotent."""
+    ) -> Call:
+        """The script call of :meth:`release`."""
         s = ("", "") if seen is None else (repr(_finite(seen[0])), repr(_finite(seen[1])))
         f = (
             ("none",)
             if final is None
             else ("final", repr(_finite(final[0])), repr(_finite(final[1])))
         )
-        await self._one(tenant, "end", run_id, "1" if free_slot else "0", f[0], *s, *f[1:])
+        return self._call(tenant, "end", run_id, "1" if free_slot else "0", f[0], *s, *f[1:])
 
     async def expire(self, tenant: str) -> None:
         """Give back the tails whose time is up and the grants whose lease lapsed (the runs

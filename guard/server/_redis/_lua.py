@@ -300,6 +300,8 @@ elseif op == 'record' then
   end
   local h = exhausted()
   if h then reply = hit_reply(h) end
+  -- the fleet's sums after this request: the replica's view until its next request
+  for i = 1, nwin do reply[#reply + 1] = fmt(total(W[i])) end
 elseif op == 'grant' then
   reply = grant(ARGV[p], {tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])},
                 {tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])})

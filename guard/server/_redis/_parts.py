@@ -4,21 +4,26 @@
 registry gets its own :class:`StateClient` (one connection pool to the shared Redis); a part
 with background work starts and closes with the guard (``Parts.start``/``close``).
 
-The run directory (:class:`~guard.server._redis._directory.RedisDirectory`) and the
-directive bus (:class:`~guard.server._redis._bus.RedisBus`, which also carries the fleet's
-``GuardAdmin`` queries, :mod:`guard.server._redis._fleet`) are Redis-backed. Interim (issue
-12 in progress): the tenant budgets are still the in-memory ones here.
+* tenant budgets: :class:`~guard.server._redis._shared.SharedTenantBudgets` (windows, slots and
+  allowance grants in Redis, a local view settled once per request);
+* the run directory: :class:`~guard.server._redis._directory.RedisDirectory`;
+* the directive bus: :class:`~guard.server._redis._bus.RedisBus`, which also carries the
+  fleet's ``GuardAdmin`` queries (:mod:`guard.server._redis._fleet`).
+
+The budgets part closes the shared :class:`StateClient`; ``Parts.close`` closes the parts in
+reverse order, so it goes last.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from guard.server._parts import LocalTenantBudgets, Parts, PartsFactory
+from guard.server._parts import Parts, PartsFactory
 from guard.server._redis._bus import RedisBus
 from guard.server._redis._client import StateClient
 from guard.server._redis._directory import RedisDirectory
 from guard.server._redis._fleet import Fleet
+from guard.server._redis._shared import SharedTenantBudgets
 
 __all__ = ["redis_parts"]
 
@@ -29,9 +34,10 @@ def redis_parts(config: Any, url: str, *, guard_id: str) -> PartsFactory:
     def build(registry: Any) -> Parts:
         state = StateClient(url)
         registry.state = state  # the replica's connection (metrics, Stats, tests)
+        budgets = SharedTenantBudgets(registry, state)
         directory = RedisDirectory(registry, state, guard_id=guard_id)
         bus = RedisBus(registry, state, guard_id=guard_id)
         bus.fleet = Fleet(registry, directory, bus)  # GuardAdmin through any replica
-        return Parts(LocalTenantBudgets(registry), directory, bus)
+        return Parts(budgets, directory, bus)
 
     return build

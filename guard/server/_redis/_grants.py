@@ -1,0 +1,190 @@
+"""The allowance desk of a replica: tenant grants out of the fleet's windows in Redis.
+
+The same messages as the in-memory desk (:class:`~guard.server._allowances.Allowances`,
+which this desk uses for validation, pushing and late spans, and which answers alone while
+Redis is unreachable), but every grant comes from the ``grant`` operation of the tenant's
+script, so used + outstanding grants never pass a window's limit *across replicas* (the
+overshoot bound of issue 11, fleet-wide):
+
+* a root run's grant goes out in the same pipeline as its admission and is pushed just
+  before its Admit (a new run's first chunk; a re-registered run's entry, or a new one from
+  its snapshot's spend); a run re-attaching on this replica gets the grant it was pushed;
+* an ``AllowanceRequest`` is a ``grant`` call sent by the next ``sync`` (after the request's
+  spend went into the windows, in the same pipeline), answered when Redis replies;
+* the touched root runs' cumulative spend moves from their grants into the windows in the
+  tenant's ``record`` call; a run's end gives its grant back (but for the tail its final
+  usage announces) and frees its slot, in one ``end`` call;
+* the grants of live runs are renewed by the slot heartbeat (their lease) and pushed again
+  every half ``allowance_ttl_s``.
+
+Queued work is sent by :class:`~guard.server._redis.SharedTenantBudgets.sync`; this class
+only builds the calls and applies the replies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from guard.server._allowances import root_of, seen_of, spend_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy import AllowanceGrant
+    from guard.server._auth import Principal
+    from guard.server._fanout import AgentSession
+    from guard.server._redis._client import Call
+    from guard.server._state import RunState
+    from guard.v1 import guard_pb2 as pb
+
+__all__ = ["FleetDesk"]
+
+_OBSERVE_S = 0.25  # noted spend goes with the next request's pipeline at most this late
+_IDLE_FLUSH_S = 1.0  # and on its own pipeline when no request came for this long
+
+
+class FleetDesk:
+    """Grants of one replica's runs out of the fleet's windows (see the module docstring)."""
+
+    def __init__(self, shared: Any) -> None:
+        self.shared = shared  # the SharedTenantBudgets (its remote, its outage state)
+        self.desk = shared.local.allowances  # the in-memory desk: checks, pushes, fallback
+        self.held: dict[str, AllowanceGrant] = {}  # root run id -> its latest grant
+        self._finals: dict[str, tuple[float, float] | None] = {}  # RunEnded, until _finish
+        self.observed: dict[str, dict[str, tuple[float, float]]] = {}  # tenant -> root -> seen
+        # (tenant, root id, need_cost, need_tokens, seen, session, request_id, req, principal)
+        self._asks: list[tuple[Any, ...]] = []
+        self._dirty: set[RunState] = set()  # runs whose spend Redis's grants do not have yet
+        self._renewed_at = self._flushed_at = shared.registry.clock()
+
+    @property
+    def busy(self) -> bool:
+        """Whether anything waits for the next pipeline (noted spend: once it is due)."""
+        due = self._dirty and self.shared.registry.clock() - self._flushed_at >= _IDLE_FLUSH_S
+        return bool(self.observed or self._asks or due)
+
+    def tracked(self, tenant: str) -> bool:
+        """Whether ``tenant`` has a cost_usd or tokens window (grants to hand out)."""
+        return self.desk.ledger(tenant) is not None
+
+    # -- the seam's hooks ----------------------------------------------------------------
+    def on_admit(self, run: RunState, session: AgentSession) -> None:
+        if run.parent is not None or run.stop_reason is not None or not self.tracked(run.tenant):
+            return
+        grant = self.held.get(run.run_id)
+        if grant is not None:
+            self.desk.push(session, grant)
+        elif self.shared.down:
+            self.desk.on_admit(run, session)  # out of this replica's windows meanwhile
+        else:  # re-registered (failover): the grant it holds in Redis, after its Admit
+            self._asks.append((run.tenant, run.run_id, 0.0, 0.0, seen_of(run), session, 0))
+
+    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal):
+        if self.shared.down:
+            self.desk.request(session, req, principal)
+            return
+        root = self.desk.checked(session, req, principal)
+        if root is None:
+            return
+        seen = seen_of(root)  # its spend goes first (take() notes the others' too)
+        self.observed.setdefault(root.tenant, {})[root.run_id] = seen
+        need = (req.cost_usd, float(req.tokens))
+        ask = (root.tenant, root.run_id, *need, seen, session, req.request_id, req, principal)
+        self._asks.append(ask)
+
+    def observe(self, touched: Any) -> None:
+        """Only noted (the span path): the touched runs' spend moves from their grants into
+        the windows with the next grant, or within ``_OBSERVE_S``. Until then the grants are
+        over-counted, which only ever grants less."""
+        if self.shared.down:
+            self.desk.observe(touched)  # the in-memory desk grants meanwhile
+        self._dirty.update(touched)
+
+    def _note(self) -> None:
+        observed = self.observed
+        dirty, self._dirty = self._dirty, set()
+        for run in dirty:
+            root = root_of(run)
+            if self.tracked(root.tenant):
+                observed.setdefault(root.tenant, {})[root.run_id] = seen_of(root)
+        self._flushed_at = self.shared.registry.clock()
+
+    def release(self, run: RunState, outcome: Any) -> Call | None:
+        """The run ended: the ``end`` call that gives its grant back and frees its slot
+        (``None``: nothing in Redis to change). ``outcome`` (RunEnded) comes first, then
+        the registry's ``_finish`` (every way out) without one."""
+        if outcome is not None:
+            self._finals[run.run_id] = spend_of(outcome)
+            return None
+        final = self._finals.pop(run.run_id, None)
+        remote = self.shared.remote
+        if run.parent is None and self.tracked(run.tenant):
+            self.held.pop(run.run_id, None)
+            return remote.release_call(
+                run.tenant, run.run_id, final, seen_of(run), free_slot=run.admitted
+            )
+        return remote.end_call(run.tenant, run.run_id) if run.admitted else None
+
+    def renew(self) -> None:
+        if self.shared.down:
+            self.desk.renew()
+            return
+        now = self.shared.registry.clock()
+        if now - self._renewed_at < self.desk.ttl_s / 2:
+            return
+        self._renewed_at = now
+        runs = self.shared.registry.runs
+        for run_id, grant in self.held.items():
+            run = runs.get(run_id)
+            if run is not None and run.connected:
+                self.desk.push(run.session, grant)
+
+    # -- the pipeline ----------------------------------------------------------------------
+    def admission_call(self, tenant: str, run_id: str, seen: tuple[float, float]) -> Call:
+        """A root run's grant (a new one's first, or what a re-registered one holds and
+        more), right after its admission in one pipeline."""
+        return self.shared.remote.grant_call(tenant, run_id, seen=seen)
+
+    def admitted(self, tenant: str, run_id: str, ok: bool, reply: Sequence[str]) -> Call | None:
+        """The reply of an admission's grant: kept for its Admit, or (denied) the call that
+        gives the entry back."""
+        remote = self.shared.remote
+        if not ok:
+            return remote.release_call(tenant, run_id)
+        self.held[run_id] = remote.grant_reply(tenant, run_id, reply)
+        self.shared.registry.stats["allowance_grants"] += 1
+        return None
+
+    def take(self, grants: bool) -> tuple[dict[str, dict[str, tuple[float, float]]], list]:
+        """What the next pipeline carries: the runs' spend (when it grants, ``grants``, or
+        asks, or the noted spend is ``_OBSERVE_S`` old), the asks."""
+        due = self.shared.registry.clock() - self._flushed_at >= _OBSERVE_S
+        if self._dirty and (grants or self._asks or due):
+            self._note()
+        observed, self.observed = self.observed, {}
+        asks, self._asks = self._asks, []
+        return observed, asks
+
+    def ask_calls(self, asks: list[tuple[Any, ...]]) -> Iterator[Call]:
+        remote = self.shared.remote
+        for tenant, rid, need_cost, need_tokens, seen, *_ in asks:
+            yield remote.grant_call(tenant, rid, (need_cost, need_tokens), seen)
+
+    def answered(self, ask: tuple[Any, ...], reply: Sequence[str]) -> None:
+        tenant, rid, _c, _t, _s, session, request_id = ask[:7]
+        grant = self.shared.remote.grant_reply(tenant, rid, reply)
+        if rid in self.shared.registry.runs:  # it may have ended while Redis answered
+            self.held[rid] = grant
+        stat = "allowance_exhausted" if grant.exhausted else "allowance_grants"
+        self.shared.registry.stats[stat] += 1
+        self.desk.push(session, grant, request_id)
+
+    def unanswered(self, asks: list[tuple[Any, ...]]) -> None:
+        """Redis did not answer: the in-memory desk answers (this replica's windows)."""
+        for ask in asks:
+            if len(ask) > 7:  # an AllowanceRequest
+                req, principal = ask[7], ask[8]
+                self.desk.request(ask[5], req, principal)
+            else:  # the grant of a re-registered run
+                run = self.shared.registry.runs.get(ask[1])
+                if run is not None and run.session is ask[5]:
+                    self.desk.on_admit(run, ask[5])
