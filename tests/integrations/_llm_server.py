@@ -378,3 +378,15 @@ def _responses_events(reply: Reply, model: str, rid: str) -> list[dict[str, Any]
     for seq, event in enumerate(out):
         event["sequence_number"] = seq
     return out
+
+
+def _demo(body: dict[str, Any], api: str) -> Reply:
+    """For ``examples/openai_client.py``: a model that keeps rephrasing a search."""
+    turn = sum(1 for m in body.get("messages") or () if m.get("role") == "tool")
+    return tool("search_orders", {"query": f"order 9 attempt {turn}"}, input=400, output=60)
+
+
+if __name__ == "__main__":  # python tests/integrations/_llm_server.py: serve the demo script
+    with LLMServer(_demo) as server:
+        print(f"OPENAI_BASE_URL={server.base_url}", flush=True)
+        threading.Event().wait()
