@@ -39,8 +39,6 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from guard.errors import RunStopped
-from guard.sdk._batch import call_name_args
-from guard.sdk._calls import MISSING, record_tool_call, reserve_tool
 from guard.sdk._config import get_settings
 from guard.sdk._reserve import current_reservation, make_reservation
 from guard.sdk._run import Run, current_run_or_none
@@ -106,6 +104,22 @@ def _swallowed(run: Run, exc: BaseException | None) -> None:
             raise
 
 
+@contextlib.contextmanager
+def _framework_run(run: Run) -> Iterator[None]:
+    """Around a framework's run attached to ``run``: its inferred step closes when it ends, and
+    a stop it swallowed or wrapped comes out as ``RunStopped``."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except BaseException as exc:
+        _swallowed(run, exc)
+        raise
+    finally:
+        end_inferred_step(run)
+    _swallowed(run, None)
+
+
 def in_run(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call a framework's sync run ``fn`` attached to the active run, or as a new run ``agent``.
 
@@ -119,17 +133,8 @@ def in_run(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
         from guard.sdk._decorator import run as guard_run
 
         return guard_run(agent=agent)(functools.partial(in_run, agent, fn))(*args, **kwargs)
-    try:
-        value = fn(*args, **kwargs)
-    except RunStopped:
-        raise
-    except BaseException as exc:
-        _swallowed(run, exc)
-        raise
-    finally:
-        end_inferred_step(run)
-    _swallowed(run, None)
-    return value
+    with _framework_run(run):
+        return fn(*args, **kwargs)
 
 
 async def in_run_async(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -144,17 +149,8 @@ async def in_run_async(agent: str, fn: Callable[..., Any], *args: Any, **kwargs:
             return await in_run_async(agent, fn, *a, **kw)
 
         return await guard_run(agent=agent)(body)(*args, **kwargs)
-    try:
-        value = await fn(*args, **kwargs)
-    except RunStopped:
-        raise
-    except BaseException as exc:
-        _swallowed(run, exc)
-        raise
-    finally:
-        end_inferred_step(run)
-    _swallowed(run, None)
-    return value
+    with _framework_run(run):
+        return await fn(*args, **kwargs)
 
 
 # -- inferred steps --------------------------------------------------------------------------
@@ -349,6 +345,22 @@ def _held(res: Any) -> Any:
     return res
 
 
+@contextlib.contextmanager
+def _or_unguarded(site: str) -> Iterator[None]:
+    """A guard-side failure is logged and counted, and the block left (a stop goes through)."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except Exception:
+        note_error(site)
+
+
+def _begin(run: Run, model: str, max_tokens: int | None) -> tuple[Step, Any]:
+    run.check_stop()  # a cancelled or stopped run: nothing more leaves
+    return step_for(run, new_turn=True), _reservation(run, model, max_tokens)
+
+
 def begin_model_call(
     run: Run, *, model: str, max_tokens: int | None = None, operation: str = "chat"
 ) -> ModelCall | None:
@@ -357,99 +369,24 @@ def begin_model_call(
     ``RunStopped`` when the run is cancelled or stopped, or the reservation cannot be covered;
     ``None`` when the guard side failed (the call then goes on unguarded; counted).
     """
-    try:
-        run.check_stop()
-        step = step_for(run, new_turn=True)
-        res = _reservation(run, model, max_tokens)
+    with _or_unguarded("guarding a model call"):
+        step, res = _begin(run, model, max_tokens)
         if res is not None:
-            res.__enter__()
-            _held(res)
+            _held(res.__enter__())
         return ModelCall(run, step, model, operation, res)
-    except RunStopped:
-        raise
-    except Exception:
-        note_error("guarding a model call")
-        return None
+    return None
 
 
 async def abegin_model_call(
     run: Run, *, model: str, max_tokens: int | None = None, operation: str = "chat"
 ) -> ModelCall | None:
     """:func:`begin_model_call` for async code (the tenant allowance wait does not block)."""
-    try:
-        run.check_stop()
-        step = step_for(run, new_turn=True)
-        res = _reservation(run, model, max_tokens)
+    with _or_unguarded("guarding a model call"):
+        step, res = _begin(run, model, max_tokens)
         if res is not None:
-            await res.__aenter__()
-            _held(res)
+            _held(await res.__aenter__())
         return ModelCall(run, step, model, operation, res)
-    except RunStopped:
-        raise
-    except Exception:
-        note_error("guarding a model call")
-        return None
+    return None
 
 
-# -- tools -----------------------------------------------------------------------------------
-class ToolCall:
-    """One admitted tool call; :meth:`done` or :meth:`failed` records it exactly once."""
-
-    __slots__ = ("args", "fingerprint", "name", "recorded", "run", "slot", "started_at")
-
-    def __init__(self, run: Run, name: str, args: Any, slot: Any) -> None:
-        self.run, self.name, self.args, self.slot = run, name, args, slot
-        self.started_at = time.time()
-        self.recorded = False
-        self.fingerprint = run.fp.action(name, args)  # in-process: only the HMAC leaves
-
-    def _record(self, result: Any, error: BaseException | None, call_id: str | None) -> None:
-        if self.recorded:
-            return
-        self.recorded = True
-        run = self.run
-        step = step_for(run, new_turn=False)
-        step.tool_calls += 1
-        record_tool_call(
-            run,
-            step._ctx,
-            step,
-            self.name,
-            self.args,
-            result,
-            error=error,
-            call_id=call_id,
-            started_at=self.started_at,
-            reservation=self.slot,
-        )
-
-    def done(self, result: Any, *, call_id: str | None = None) -> None:
-        """Record the result (its hash feeds loop detection). A stop it reached is raised at
-        the run's next model call, never as this tool's result."""
-        try:
-            self._record(result, None, call_id)
-        except Exception:
-            note_error("recording a tool call")
-
-    def failed(self, exc: BaseException, *, call_id: str | None = None) -> None:
-        """Record a tool error (the same error again is "no new information")."""
-        try:
-            self._record(MISSING, exc, call_id)
-        except Exception:
-            note_error("recording a tool call")
-
-
-def admit_tool(name: str, arguments: Any = None, run: Run | None = None) -> ToolCall | None:
-    """Admit a tool call before it runs; ``None`` outside a run (nothing to guard).
-
-    ``arguments`` may be a mapping or the model's JSON text (parsed, so key order and spacing
-    do not change the fingerprint). ``RunStopped`` when the run is cancelled or stopped or the
-    tool quota is used up: the framework integration lets it out of the framework's run (the
-    tool does not run, and no result reaches the model).
-    """
-    run = run if run is not None else active_run()
-    if run is None:
-        return None
-    slot = reserve_tool(run)  # RunStopped: refused
-    name, args = call_name_args({"name": name, "arguments": arguments})
-    return ToolCall(run, name, args, slot)
+from guard.integrations._tools import ToolCall, admit_tool  # noqa: E402  (part of this API)

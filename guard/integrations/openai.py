@@ -157,15 +157,43 @@ class _Reader:
         return True
 
 
-class _GuardedStream:
-    """A sync ``Stream`` that records its call at the end and stops on a cancel."""
+_OWN = frozenset({"_stream", "_call", "_reader", "_it"})
+
+
+class _Guarded:
+    """What both stream wrappers share: the wrapped stream's attributes, the one recording."""
 
     def __init__(self, stream: Any, call: ModelCall, reader: _Reader) -> None:
         self._stream, self._call, self._reader = stream, call, reader
-        self._it = iter(stream)
 
     def __getattr__(self, name: str) -> Any:
+        if name in _OWN:  # not set yet (a failed __init__): never recurse
+            raise AttributeError(name)
         return getattr(self._stream, name)
+
+    def _record(self) -> None:
+        if not self._call.done:
+            self._call.finish(self._reader.usage, self._reader.response_id)
+
+    def _raise_stop(self, cause: BaseException | None) -> None:
+        self._record()
+        try:
+            self._call.run.check_stop()
+        except RunStopped as stop:
+            raise stop from cause
+
+    def __del__(self) -> None:
+        call = getattr(self, "_call", None)
+        if call is not None:
+            call.abandon()  # dropped unread: free the reservation
+
+
+class _GuardedStream(_Guarded):
+    """A sync ``Stream`` that records its call at the end and stops on a cancel."""
+
+    def __init__(self, stream: Any, call: ModelCall, reader: _Reader) -> None:
+        super().__init__(stream, call, reader)
+        self._it = iter(stream)
 
     def __iter__(self) -> _GuardedStream:
         return self
@@ -176,15 +204,7 @@ class _GuardedStream:
             self._stream.close()
         except Exception:
             note_error("closing an openai stream")
-        self._record()
-        try:
-            self._call.run.check_stop()
-        except RunStopped as stop:
-            raise stop from cause
-
-    def _record(self) -> None:
-        if not self._call.done:
-            self._call.finish(self._reader.usage, self._reader.response_id)
+        self._raise_stop(cause)
 
     def __next__(self) -> Any:
         run = self._call.run
@@ -218,22 +238,14 @@ class _GuardedStream:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        call = getattr(self, "_call", None)
-        if call is not None:
-            call.abandon()  # dropped unread: free the reservation
 
-
-class _GuardedAsyncStream:
+class _GuardedAsyncStream(_Guarded):
     """An ``AsyncStream`` that records its call at the end and stops on a cancel (the run's
     task is cancelled by the SDK; the response is closed on the way out)."""
 
     def __init__(self, stream: Any, call: ModelCall, reader: _Reader) -> None:
-        self._stream, self._call, self._reader = stream, call, reader
+        super().__init__(stream, call, reader)
         self._it = stream.__aiter__()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
     def __aiter__(self) -> _GuardedAsyncStream:
         return self
@@ -243,15 +255,7 @@ class _GuardedAsyncStream:
             await self._stream.close()
         except Exception:
             note_error("closing an openai stream")
-        self._record()
-        try:
-            self._call.run.check_stop()
-        except RunStopped as stop:
-            raise stop from cause
-
-    def _record(self) -> None:
-        if not self._call.done:
-            self._call.finish(self._reader.usage, self._reader.response_id)
+        self._raise_stop(cause)
 
     async def __anext__(self) -> Any:
         run = self._call.run
@@ -288,11 +292,6 @@ class _GuardedAsyncStream:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-
-    def __del__(self) -> None:
-        call = getattr(self, "_call", None)
-        if call is not None:
-            call.abandon()
 
 
 def _after(call: ModelCall, api: str, result: Any, asked: bool, is_async: bool) -> Any:
