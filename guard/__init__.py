@@ -21,6 +21,7 @@ from guard.errors import BudgetExceeded, ConfigError, GuardError, GuardUnavailab
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
+    from guard.integrations import instrument, uninstrument
     from guard.policy import Limits, LoopSettings, Outcome, Reason, Remaining, Status
     from guard.sdk import (
         Run,
@@ -56,12 +57,14 @@ _LAZY = {
     "current_run": "guard.sdk",
     "evidence": "guard.sdk",
     "flush": "guard.sdk",
+    "instrument": "guard.integrations",
     "run": "guard.sdk",
     "run_tools": "guard.sdk",
     "shutdown": "guard.sdk",
     "stats": "guard.sdk",
     "step": "guard.sdk",
     "tool": "guard.sdk",
+    "uninstrument": "guard.integrations",
 }
 
 __all__ = [
@@ -86,12 +89,14 @@ __all__ = [
     "current_run",
     "evidence",
     "flush",
+    "instrument",
     "run",
     "run_tools",
     "shutdown",
     "stats",
     "step",
     "tool",
+    "uninstrument",
 ]
 
 

@@ -1,0 +1,91 @@
+"""``guard.instrument()``: turn on the integrations of the libraries the agent uses (§3.7).
+
+Each integration is a module here exposing ``NAME``, ``LIBRARY`` (the import name of the
+library it adapts), ``enable()`` and ``disable()``. A module is imported only when it is turned
+on, and it imports its library only then, so ``import guard`` imports no integration library.
+The shared contract (runs, inferred steps, guarded model calls, tool admission) is
+:mod:`guard.integrations._base`.
+
+``openai`` comes first: the frameworks call the ``openai`` client underneath, so their model
+calls are counted, reserved and cancel-checked there, once; a framework integration adds run
+boundaries, tools, steps and the framework's own way to stop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+
+from guard.errors import ConfigError
+
+__all__ = ["KNOWN", "enabled", "instrument", "uninstrument"]
+
+# name -> (library import name, integration module, extra). Order = the order they turn on.
+KNOWN: dict[str, tuple[str, str, str]] = {
+    "openai": ("openai", "guard.integrations.openai", "openai"),
+    "openai_agents": ("agents", "guard.integrations.openai_agents", "openai-agents"),
+    "pydantic_ai": ("pydantic_ai", "guard.integrations.pydantic_ai", "pydantic-ai"),
+    "langchain": ("langchain_core", "guard.integrations.langchain", "langgraph"),
+}
+
+_on: dict[str, object] = {}  # name -> its module, while turned on
+_lock = threading.Lock()
+
+
+def _available(name: str) -> bool:
+    library, module, _ = KNOWN[name]
+    return (
+        importlib.util.find_spec(library) is not None
+        and importlib.util.find_spec(module) is not None
+    )
+
+
+def instrument(*names: str) -> list[str]:
+    """Turn on the named integrations, or every one whose library can be imported.
+
+    Idempotent: an integration already on stays on (once). Returns the names that are on among
+    those asked for (all of them: every importable one), in turn-on order. An unknown name, or a
+    named one whose library is not installed, is a :class:`~guard.errors.ConfigError`.
+    """
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        raise ConfigError(
+            f"unknown integration {unknown[0]!r}; known: {', '.join(KNOWN)}", path="instrument"
+        )
+    wanted = [n for n in KNOWN if n in names] if names else list(KNOWN)
+    out: list[str] = []
+    with _lock:
+        for name in wanted:
+            if name in _on:
+                out.append(name)
+                continue
+            if not _available(name):
+                if names:
+                    library, _, extra = KNOWN[name]
+                    raise ConfigError(
+                        f"integration {name!r} needs {library!r}: "
+                        f"pip install 'otel-guard[{extra}]'",
+                        path="instrument",
+                    )
+                continue
+            mod = importlib.import_module(KNOWN[name][1])
+            mod.enable()
+            _on[name] = mod
+            out.append(name)
+    return out
+
+
+def uninstrument(*names: str) -> list[str]:
+    """Turn integrations off again (all, or the named ones); returns the names turned off."""
+    with _lock:
+        off = [n for n in reversed(list(_on)) if not names or n in names]
+        for name in off:
+            _on.pop(name).disable()  # type: ignore[attr-defined]
+    return off
+
+
+def enabled() -> list[str]:
+    """The integrations that are on."""
+    with _lock:
+        return list(_on)

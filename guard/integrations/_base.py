@@ -1,0 +1,392 @@
+"""The contract every integration shares: runs, inferred steps, guarded model calls, tools.
+
+An integration adapts one library; the guarding is done here, once, with the SDK's own parts:
+
+* :func:`in_run` / :func:`in_run_async` run a framework's run inside the active ``@guard.run``
+  (attach) or, when none is active, inside a new run named after the framework's agent. A stop
+  the framework caught and turned into something else (a tool result, its own exception, a
+  normal return) is raised again as ``guard.RunStopped`` when the framework's run returns.
+* :func:`begin_model_call` / :func:`abegin_model_call` guard one model call before it leaves:
+  a cancelled or stopped run raises ``RunStopped`` (so at most the call in flight completes
+  after a cancel), a step is inferred when the code opened none (:func:`step_for`), and the
+  request's max tokens are reserved against the run, its ancestors and its tenant
+  (``step.reserve``). :meth:`ModelCall.finish` records the usage and the response id once and
+  settles the reservation; :meth:`ModelCall.fail` records a model error.
+* :func:`admit_tool` admits one tool call before it runs (a stopped run or an exhausted quota
+  raises ``RunStopped`` and the tool does not run); :meth:`ToolCall.done` records its
+  fingerprint and result hash in-process, so loop detection sees it and no raw argument leaves.
+* Counted once: while a guarded model call is in flight, the OpenTelemetry context carries
+  :data:`COUNTED_KEY` (``True``) and the inferred step's span, so another instrumentation's
+  span of the same call starts under the step with the marker in its parent context; the SDK's
+  span processor for third-party spans reads it and does not count that span again.
+
+Guard-side failures never break the user's call: they are logged and counted
+(:func:`errors`); only a real stop raises ``RunStopped``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from guard.errors import RunStopped
+from guard.sdk._config import get_settings
+from guard.sdk._reserve import current_reservation, make_reservation
+from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._step import Step, _current_step, current_step
+
+__all__ = [
+    "COUNTED_KEY",
+    "ModelCall",
+    "ToolCall",
+    "Usage",
+    "abegin_model_call",
+    "active_run",
+    "admit_tool",
+    "begin_model_call",
+    "end_inferred_step",
+    "errors",
+    "in_run",
+    "in_run_async",
+    "note_error",
+    "step_for",
+]
+
+log = logging.getLogger("guard.integrations")
+
+# The OpenTelemetry context key set while an integration's guarded model call is in flight:
+# a third-party span started under it is the same call, already counted by the integration.
+COUNTED_KEY = "otel_guard.counted"
+
+_errors: dict[str, int] = {}
+_errors_lock = threading.Lock()
+_LOGGED_PER_SITE = 5  # then only counted: a broken hook must not flood the logs
+
+
+def note_error(site: str) -> None:
+    """Log (the first few per site) and count a guard-side failure; call from ``except``."""
+    with _errors_lock:
+        n = _errors[site] = _errors.get(site, 0) + 1
+    if n <= _LOGGED_PER_SITE:
+        log.exception("otel-guard integration: %s failed (the call goes on unguarded)", site)
+
+
+def errors() -> dict[str, int]:
+    """Guard-side failures of the integrations, per site (never raised to the user)."""
+    with _errors_lock:
+        return dict(_errors)
+
+
+def active_run() -> Run | None:
+    """The live ``@guard.run`` of this context, or ``None`` (a plain client is not an agent)."""
+    run = current_run_or_none()
+    return run if run is not None and run.live else None
+
+
+# -- runs ------------------------------------------------------------------------------------
+def _swallowed(run: Run, exc: BaseException | None) -> None:
+    """Raise ``RunStopped`` for a stop the framework swallowed or wrapped (sticky stops)."""
+    if run.stopped is not None or run.cancelled or run._pending is not None:
+        try:
+            run.check_stop()
+        except RunStopped as stop:
+            if exc is not None:
+                raise stop from exc
+            raise
+
+
+@contextlib.contextmanager
+def _framework_run(run: Run) -> Iterator[None]:
+    """Around a framework's run attached to ``run``: its inferred step closes when it ends, and
+    a stop it swallowed or wrapped comes out as ``RunStopped``."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except BaseException as exc:
+        _swallowed(run, exc)
+        raise
+    finally:
+        end_inferred_step(run)
+    _swallowed(run, None)
+
+
+def in_run(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a framework's sync run ``fn`` attached to the active run, or as a new run ``agent``.
+
+    A stop the framework caught is raised again as ``RunStopped`` once ``fn`` returns or raises
+    its own exception; the step inferred inside the framework's run is closed when it ends.
+    """
+    run = active_run()
+    if run is None:
+        if get_settings().disabled:
+            return fn(*args, **kwargs)
+        from guard.sdk._decorator import run as guard_run
+
+        return guard_run(agent=agent)(functools.partial(in_run, agent, fn))(*args, **kwargs)
+    with _framework_run(run):
+        return fn(*args, **kwargs)
+
+
+async def in_run_async(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """:func:`in_run` for a coroutine function ``fn``."""
+    run = active_run()
+    if run is None:
+        if get_settings().disabled:
+            return await fn(*args, **kwargs)
+        from guard.sdk._decorator import run as guard_run
+
+        async def body(*a: Any, **kw: Any) -> Any:
+            return await in_run_async(agent, fn, *a, **kw)
+
+        return await guard_run(agent=agent)(body)(*args, **kwargs)
+    with _framework_run(run):
+        return await fn(*args, **kwargs)
+
+
+# -- inferred steps --------------------------------------------------------------------------
+class _Inferred:
+    """The step an integration opened for a run whose code opened none (one per run)."""
+
+    __slots__ = ("lock", "step", "tools_at_open")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.step: Step | None = None
+        self.tools_at_open = 0
+
+    def open(self, run: Run) -> Step:
+        st = Step(run)
+        st.__enter__()  # the SDK's own step start: the checks, the count, the span
+        # ... but not in the caller's context: a step that outlives this call must not leave
+        # a context token behind (frameworks open and close their own spans around it).
+        _current_step.reset(st._token)
+        otel_context.detach(st._otel_token)
+        self.step, self.tools_at_open = st, run.budget.usage().tool_calls
+        return st
+
+    def close(self, run: Run) -> None:
+        st, self.step = self.step, None
+        if st is None or st.span is None:
+            return
+        # Tool calls recorded while it was open (@guard.tool records under the run) are the
+        # step's actions: they make an unchanged state a stale step.
+        st.tool_calls += max(0, run.budget.usage().tool_calls - self.tools_at_open)
+        st._otel_token = otel_context.attach(st._ctx)  # re-entered for a clean, in-order exit
+        st._token = _current_step.set(st)
+        st.__exit__(None, None, None)
+
+
+_inferred: weakref.WeakKeyDictionary[Run, _Inferred] = weakref.WeakKeyDictionary()
+_inferred_lock = threading.Lock()
+
+
+def _tracker(run: Run) -> _Inferred:
+    with _inferred_lock:
+        tr = _inferred.get(run)
+        if tr is None:
+            tr = _inferred[run] = _Inferred()
+            end = run.end
+
+            def end_with_step() -> Any:  # the run's end closes its last inferred step
+                end_inferred_step(run)
+                return end()
+
+            # The SDK has no run-end hook yet: this run's own end() is wrapped (instance only).
+            run.end = end_with_step  # type: ignore[method-assign]
+    return tr
+
+
+def step_for(run: Run, *, new_turn: bool) -> Step:
+    """The step a model call or tool call belongs to: the code's own open step of ``run``, else
+    the inferred one. ``new_turn`` (a model call): close the inferred step and open the next
+    one, so a step is one model turn plus the tools it asked for. Opening a step runs the
+    before-step checks (``RunStopped`` for max_steps, a cancel, a pending stop)."""
+    st = current_step()
+    if st is not None and st.run is run and st.span is not None:
+        return st
+    tr = _tracker(run)
+    with tr.lock:
+        cur = tr.step
+        if cur is not None and not new_turn:
+            return cur
+        if cur is not None:
+            try:
+                tr.close(run)
+            except Exception:
+                note_error("closing an inferred step")
+        return tr.open(run)
+
+
+def end_inferred_step(run: Run) -> None:
+    """Close ``run``'s inferred step, if one is open (the framework's run or the run ended)."""
+    tr = _inferred.get(run)
+    if tr is None:
+        return
+    with tr.lock:
+        try:
+            tr.close(run)
+        except Exception:
+            note_error("closing an inferred step")
+
+
+# -- model calls -----------------------------------------------------------------------------
+@dataclasses.dataclass(slots=True)
+class Usage:
+    """A model call's usage: ``input_tokens`` include cached ones, ``output_tokens`` the
+    reasoning ones (GenAI conventions)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class ModelCall:
+    """One guarded model call, from before the request to its recording (exactly once)."""
+
+    __slots__ = ("_res", "done", "model", "operation", "run", "started_at", "step")
+
+    def __init__(self, run: Run, step: Step, model: str, operation: str, res: Any) -> None:
+        self.run, self.step, self.model, self.operation = run, step, model, operation
+        self._res = res
+        self.started_at = time.time()
+        self.done = False
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """Around the request: the step's span is current and :data:`COUNTED_KEY` is set."""
+        ctx = otel_context.set_value(COUNTED_KEY, True, self.step._ctx)
+        token = otel_context.attach(ctx)
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+
+    def _record(self, usage: Usage, response_id: str | None, error: BaseException | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        res, token = self._res, None
+        if res is not None:  # model_call settles the reservation of this context
+            token = current_reservation.set(res)
+        try:
+            self.step.model_call(
+                model=self.model,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cached_tokens=usage.cached_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
+                operation=self.operation,
+                response_id=response_id,
+                error=error,
+                started_at=self.started_at,
+            )
+        finally:
+            if token is not None:
+                current_reservation.reset(token)
+            if res is not None:
+                res.__exit__(None, None, None)  # released unless the call settled it
+
+    def finish(self, usage: Usage | None, response_id: str | None = None) -> None:
+        """Record the call's usage and response id (once). ``RunStopped`` when a cancel landed
+        while it was in flight (the call is recorded first)."""
+        try:
+            self._record(usage or Usage(), response_id, None)
+        except RunStopped:
+            raise
+        except Exception:
+            note_error("recording a model call")
+
+    def fail(self, exc: BaseException) -> None:
+        """The call raised: a model error is recorded (``model_error`` if it ends the run); a
+        stop or a task cancellation only releases the reservation."""
+        if isinstance(exc, RunStopped | BaseExceptionGroup) or not isinstance(exc, Exception):
+            self.abandon()
+            return
+        try:
+            self._record(Usage(), None, exc)
+        except RunStopped:
+            pass  # the model's error is what the caller sees; the stop is raised next call
+        except Exception:
+            note_error("recording a failed model call")
+
+    def abandon(self) -> None:
+        """Never finished (a stream dropped unread): release the reservation, record nothing."""
+        if self.done:
+            return
+        self.done = True
+        res = self._res
+        if res is not None:
+            with contextlib.suppress(Exception):
+                res.__exit__(None, None, None)
+
+
+def _reservation(run: Run, model: str, max_tokens: int | None) -> Any:
+    if not max_tokens or max_tokens < 0:
+        return None  # nothing to estimate from: usage is reported after the call
+    return make_reservation(run, None, int(max_tokens), model)
+
+
+def _held(res: Any) -> Any:
+    # Entered for the checks and the hold, but not left in the caller's context: the call that
+    # settles it may finish in another one (a stream read later); _record sets it around it.
+    current_reservation.reset(res._token)
+    res._token = None
+    return res
+
+
+@contextlib.contextmanager
+def _or_unguarded(site: str) -> Iterator[None]:
+    """A guard-side failure is logged and counted, and the block left (a stop goes through)."""
+    try:
+        yield
+    except RunStopped:
+        raise
+    except Exception:
+        note_error(site)
+
+
+def _begin(run: Run, model: str, max_tokens: int | None) -> tuple[Step, Any]:
+    run.check_stop()  # a cancelled or stopped run: nothing more leaves
+    return step_for(run, new_turn=True), _reservation(run, model, max_tokens)
+
+
+def begin_model_call(
+    run: Run, *, model: str, max_tokens: int | None = None, operation: str = "chat"
+) -> ModelCall | None:
+    """Before a model call leaves (sync): stop check, step, reservation of ``max_tokens``.
+
+    ``RunStopped`` when the run is cancelled or stopped, or the reservation cannot be covered;
+    ``None`` when the guard side failed (the call then goes on unguarded; counted).
+    """
+    with _or_unguarded("guarding a model call"):
+        step, res = _begin(run, model, max_tokens)
+        if res is not None:
+            _held(res.__enter__())
+        return ModelCall(run, step, model, operation, res)
+    return None
+
+
+async def abegin_model_call(
+    run: Run, *, model: str, max_tokens: int | None = None, operation: str = "chat"
+) -> ModelCall | None:
+    """:func:`begin_model_call` for async code (the tenant allowance wait does not block)."""
+    with _or_unguarded("guarding a model call"):
+        step, res = _begin(run, model, max_tokens)
+        if res is not None:
+            _held(await res.__aenter__())
+        return ModelCall(run, step, model, operation, res)
+    return None
+
+
+from guard.integrations._tools import ToolCall, admit_tool  # noqa: E402  (part of this API)
