@@ -38,7 +38,10 @@ def _wait_runs(sink: Any, n: int) -> list[Any]:
 
 
 def test_admit_deny_and_records_through_the_real_guard(real_guard: dict[str, Any]) -> None:
-    with capture_spans(endpoint=f"127.0.0.1:{real_guard['port']}", tenant="acme"):
+    # The guard's Admit carries the policy's tighter limits; a loaded CI machine may take
+    # longer than the default 200 ms to answer, and the run would then go on fail-open.
+    address = f"127.0.0.1:{real_guard['port']}"
+    with capture_spans(endpoint=address, tenant="acme", admit_timeout_ms=10_000):
 
         @guard.run(agent="bot", max_steps=10)  # the guard's policy tightens this to 3
         def loop() -> None:
