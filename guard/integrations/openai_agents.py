@@ -117,6 +117,19 @@ def _stop_if_stopped(run: Any) -> None:
         run.check_stop()
 
 
+def _release(call: Any) -> None:
+    """An admitted call that is not recorded here: give its quota slot back."""
+    if call is None or call.recorded:
+        return
+    call.recorded = True
+    slot = call.slot
+    if slot is not None:
+        try:
+            slot.release()
+        except Exception:
+            note_error("releasing an openai-agents tool slot")
+
+
 def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     async def invoke(*, function_tool: Any, context: Any, arguments: Any, **kw: Any) -> Any:
@@ -133,20 +146,32 @@ def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
             raise  # refused: the tool does not run, and the stop ends the framework's run
         except Exception:
             note_error("admitting an openai-agents tool call")
+        before = run.budget.usage().tool_calls
         try:
             result = await orig(
                 function_tool=function_tool, context=context, arguments=arguments, **kw
             )
         except RunStopped:
+            _release(call)
             raise
         except BaseException as exc:
             if call is not None and isinstance(exc, Exception):
                 call.failed(exc, call_id=call_id)
+            else:
+                _release(call)
             _stop_if_stopped(run)
             raise
+        if run.stopped is not None or run.cancelled:
+            _release(call)  # its "result" is the library's text for a refusal, or moot
+            run.check_stop()
         if call is not None:
-            call.done(getattr(result, "output", result), call_id=call_id)
-        _stop_if_stopped(run)
+            if run.budget.usage().tool_calls > before:
+                # The tool's own code recorded it (a @guard.tool inside): counted once, there.
+                # (A parallel call of the same run recording meanwhile is taken for it too;
+                # that loses one observation, never counts a call twice.)
+                _release(call)
+            else:
+                call.done(getattr(result, "output", result), call_id=call_id)
         return result
 
     invoke.__guard_original__ = orig  # type: ignore[attr-defined]

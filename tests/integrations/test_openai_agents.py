@@ -145,6 +145,9 @@ def test_a_token_budget_stops_the_run_with_its_exact_tokens(sink, llm, mode):
     assert o.reason == "token_budget" and o.model_calls == llm.count == 3
     assert (o.input_tokens, o.output_tokens) == (900, 150)
     assert (o.cached_tokens, o.reasoning_tokens) == (300, 60)
+    # The third call's tool was refused by the stop the call reached: the tools that ran are
+    # the tool calls recorded.
+    assert o.tool_calls == len(lookup.calls) == 2
 
 
 @pytest.mark.parametrize("names", [(), ("openai_agents",)], ids=["all", "agents-only"])
@@ -195,8 +198,9 @@ def test_a_refusal_inside_a_tool_ends_the_run_instead_of_becoming_a_tool_result(
 
     with pytest.raises(guard.RunStopped) as stop:
         refused()
-    assert stop.value.outcome.reason == "user_cancel"
-    assert llm.count == 2  # the refused call's "result" never went back to the model
+    o = stop.value.outcome
+    assert o.reason == "user_cancel" and o.model_calls == llm.count == 2
+    assert o.tool_calls == 1  # counted once: the @guard.tool inside recorded it, not twice
 
 
 def _wait(pred: Any, timeout_s: float = 10.0) -> bool:
@@ -264,6 +268,7 @@ def test_a_real_guard_cancel_leaves_at_most_the_call_in_flight_and_the_record_is
         assert store.wait_for(lambda s: s.run(o.run_id) is not None)
         rec = store.run(o.run_id)
         assert rec.model_calls == o.model_calls == llm.count == 2
+        assert rec.tool_calls == o.tool_calls == 1
         # A stream cut by the cancel never delivered its usage: only whole calls have tokens.
         whole = 1 if mode == "run_streamed" else 2
         assert (rec.input_tokens, rec.output_tokens) == (70 * whole, 30 * whole)
@@ -275,25 +280,28 @@ def test_a_real_guard_cancel_leaves_at_most_the_call_in_flight_and_the_record_is
 def test_an_async_run_cancelled_mid_call_makes_no_further_model_call(sink, llm):
     guard.instrument()
     llm.script = _varying(llm)
-    gate = llm.hold(after_events=0)
+    gates: list[Any] = []
+    lookup = Lookup(on_call=lambda n: gates.append(llm.hold()))  # the second call is held
     runs: list[Any] = []
 
     @guard.run(agent="async-bot", max_steps=100)
     async def bot() -> Any:
         runs.append(guard.current_run())
-        return await Runner.run(_agent(llm, "chat", Lookup()), "hi", max_turns=60)
+        return await Runner.run(_agent(llm, "chat", lookup), "hi", max_turns=60)
 
     def cancel() -> None:
-        assert gate.arrived.wait(10)
-        runs[0].cancel("user_cancel")
-        gate.release()
+        assert _wait(lambda: gates) and gates[0].arrived.wait(10)
+        runs[0].cancel("user_cancel")  # the run's task is cancelled mid-call
+        gates[0].release()
 
     t = threading.Thread(target=cancel, daemon=True)
     t.start()
     with pytest.raises(guard.RunStopped) as stop:
         asyncio.run(bot())
     t.join(10)
-    assert stop.value.outcome.reason == "user_cancel" and llm.count == 1
+    o = stop.value.outcome
+    assert o.reason == "user_cancel" and llm.count == 2 and lookup.calls == ["refund policy #1"]
+    assert o.tool_calls == 1 and o.model_calls <= 2
 
 
 def test_a_guard_side_failure_never_breaks_the_agent(sink, llm, monkeypatch):
