@@ -322,3 +322,25 @@ def test_a_guard_side_failure_never_breaks_the_agent(sink, llm, monkeypatch):
 
     assert robust().final_output == "done" and lookup.calls == ["a"]
     assert errors().get("admitting an openai-agents tool call", 0) >= 1
+
+
+def test_the_example_runs_with_one_line_of_guard_code(llm):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    llm.script = [tool("lookup_policy", {"topic": "refunds"}), text("Yes, within 30 days.")]
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_agent.py"
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": llm.base_url,
+        "OPENAI_API_KEY": "local",
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    }
+    env.pop("OTEL_GUARD_ENDPOINT", None)
+    out = subprocess.run(
+        [sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Yes, within 30 days." and llm.count == 2
