@@ -1,0 +1,178 @@
+"""The OpenAI Agents SDK (``agents``): runs, tools and a stop that really stops the run.
+
+``enable()`` wraps three places of the library, so every agent, runner and tool is covered,
+including those made before ``guard.instrument()``:
+
+* ``AgentRunner.run``: ``Runner.run`` and ``Runner.run_sync`` (which drives ``run`` on its own
+  event loop) run inside the active ``@guard.run``, or as a new run named after the starting
+  agent (``Agent.name``) when none is active (:func:`guard.integrations._base.in_run_async`);
+* the streamed run's loop (``agents.run.start_streaming``, the task ``Runner.run_streamed``
+  starts): the same, inside that task, so ``RunResultStreaming.stream_events()`` raises
+  ``RunStopped`` when the run is stopped, and a new run's cancel cancels that task;
+* the function-tool invocation (``agents.run_internal.tool_execution``): each call is admitted
+  before the tool runs and recorded after it (fingerprint and result hash, in-process) for
+  loop detection. A refused call raises ``RunStopped`` *outside* ``FunctionTool.on_invoke_tool``
+  (whose ``failure_error_function`` turns a tool's exception into a result the model reads),
+  so it ends the run; and a stop reached inside a tool (a ``@guard.tool`` that refused, whose
+  refusal the library turned into a result) is raised instead of that result.
+
+Model calls: the library's OpenAI models call the ``openai`` client, and the ``openai``
+integration counts, reserves and stop-checks them there, once (and infers a step per model
+turn). This integration therefore turns the ``openai`` client layer on as its dependency when
+it is not on already (``guard.instrument("openai_agents")`` alone counts model calls too), and
+turns it off again only if it turned it on and nobody else asked for it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from guard.errors import RunStopped
+from guard.integrations._base import active_run, admit_tool, in_run_async, note_error
+
+__all__ = ["LIBRARY", "NAME", "disable", "enable"]
+
+NAME = "openai_agents"
+LIBRARY = "agents"
+
+_patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+_own_client_layer = False  # the openai client layer was turned on by this integration
+
+
+def enable() -> None:
+    """Wrap the runner, the streamed loop and the tool invocation (idempotent)."""
+    global _own_client_layer
+    if _patched:
+        return
+    from agents import run as run_mod
+    from agents.run_internal import tool_execution
+
+    from guard.integrations import openai as client_layer
+
+    # The client layer has no "is on" query of its own: its list of patched methods is it.
+    if not client_layer._patched:
+        client_layer.enable()
+        _own_client_layer = True
+    for owner, attr, wrap in (
+        (run_mod.AgentRunner, "run", _wrap_run),
+        (run_mod, "start_streaming", _wrap_streaming),
+        (tool_execution, "_invoke_function_tool_with_metadata", _wrap_tool),
+    ):
+        orig = getattr(owner, attr)
+        setattr(owner, attr, wrap(orig))
+        _patched.append((owner, attr, orig))
+
+
+def disable() -> None:
+    """Restore the originals; the client layer too if this integration alone turned it on."""
+    global _own_client_layer
+    while _patched:
+        owner, attr, orig = _patched.pop()
+        setattr(owner, attr, orig)
+    if _own_client_layer:
+        _own_client_layer = False
+        from guard import integrations
+        from guard.integrations import openai as client_layer
+
+        # Read without the registry's lock: disable() runs under it (uninstrument()).
+        if "openai" not in integrations._on:
+            client_layer.disable()
+
+
+def _agent_name(agent: Any) -> str:
+    name = getattr(agent, "name", None)
+    return name if isinstance(name, str) and name else "openai-agent"
+
+
+# -- runs ------------------------------------------------------------------------------------
+def _wrap_run(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    async def run(self: Any, starting_agent: Any, input: Any, **kwargs: Any) -> Any:
+        return await in_run_async(
+            _agent_name(starting_agent), orig, self, starting_agent, input, **kwargs
+        )
+
+    run.__guard_original__ = orig  # type: ignore[attr-defined]
+    return run
+
+
+def _wrap_streaming(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    async def start_streaming(*args: Any, **kwargs: Any) -> Any:
+        # Runs as the task run_streamed() started: the context (and the active run) is the
+        # caller's, copied when the task was created; a new run's task is this one.
+        return await in_run_async(_agent_name(kwargs.get("starting_agent")), orig, *args, **kwargs)
+
+    start_streaming.__guard_original__ = orig  # type: ignore[attr-defined]
+    return start_streaming
+
+
+# -- tools -----------------------------------------------------------------------------------
+def _stop_if_stopped(run: Any) -> None:
+    """A cancel, or a stop raised inside the tool and swallowed by the library: raise it rather
+    than hand the tool's result (or the library's error text) to the model."""
+    if run.stopped is not None or run.cancelled:
+        run.check_stop()
+
+
+def _release(call: Any) -> None:
+    """An admitted call that is not recorded here: give its quota slot back."""
+    if call is None or call.recorded:
+        return
+    call.recorded = True
+    slot = call.slot
+    if slot is not None:
+        try:
+            slot.release()
+        except Exception:
+            note_error("releasing an openai-agents tool slot")
+
+
+def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    async def invoke(*, function_tool: Any, context: Any, arguments: Any, **kw: Any) -> Any:
+        run = active_run()
+        if run is None:
+            return await orig(
+                function_tool=function_tool, context=context, arguments=arguments, **kw
+            )
+        call = None
+        call_id = getattr(context, "tool_call_id", None)
+        try:
+            call = admit_tool(getattr(function_tool, "name", "tool"), arguments, run)
+        except RunStopped:
+            raise  # refused: the tool does not run, and the stop ends the framework's run
+        except Exception:
+            note_error("admitting an openai-agents tool call")
+        before = run.budget.usage().tool_calls
+        try:
+            result = await orig(
+                function_tool=function_tool, context=context, arguments=arguments, **kw
+            )
+        except RunStopped:
+            _release(call)
+            raise
+        except BaseException as exc:
+            if call is not None and isinstance(exc, Exception):
+                call.failed(exc, call_id=call_id)
+            else:
+                _release(call)
+            _stop_if_stopped(run)
+            raise
+        if run.stopped is not None or run.cancelled:
+            _release(call)  # its "result" is the library's text for a refusal, or moot
+            run.check_stop()
+        if call is not None:
+            if run.budget.usage().tool_calls > before:
+                # The tool's own code recorded it (a @guard.tool inside): counted once, there.
+                # (A parallel call of the same run recording meanwhile is taken for it too;
+                # that loses one observation, never counts a call twice.)
+                _release(call)
+            else:
+                call.done(getattr(result, "output", result), call_id=call_id)
+        return result
+
+    invoke.__guard_original__ = orig  # type: ignore[attr-defined]
+    return invoke
