@@ -16,6 +16,7 @@ Outside a run the call is untouched: a plain client is not an agent.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -113,16 +114,42 @@ def _usage(api: str, u: Any) -> Usage | None:
     )
 
 
-def _finish(call: ModelCall, api: str, result: Any) -> None:
-    parsed = result
-    if hasattr(result, "http_response") and hasattr(result, "parse"):  # with_raw_response
-        try:
-            parsed = result.parse()  # cached by the client: the caller's parse() is free
-        except Exception:
-            note_error("reading a raw openai response")
-            parsed = None
+def _finish(call: ModelCall, api: str, parsed: Any) -> None:
     rid = getattr(parsed, "id", None)
     call.finish(_usage(api, getattr(parsed, "usage", None)), rid if isinstance(rid, str) else None)
+
+
+class _GuardedRaw:
+    """A raw response (``with_raw_response`` / ``with_streaming_response``): everything is the
+    client's own, but ``parse()`` hands the parsed body to the guard once, so a stream comes
+    back guarded and a plain body's usage is recorded. ``parse()`` is a coroutine for the async
+    client's streaming responses (awaited here, never left pending) but not for its
+    ``with_raw_response`` (the client's legacy response type): the type says which."""
+
+    def __init__(self, raw: Any, call: ModelCall, api: str, asked: bool, is_async: bool) -> None:
+        self._raw, self._call, self._api, self._asked = raw, call, api, asked
+        self._is_async = is_async
+        self._async_parse = inspect.iscoroutinefunction(getattr(type(raw), "parse", None))
+        self._guarded: Any = _UNSET
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    def parse(self, **kwargs: Any) -> Any:
+        if self._async_parse:
+            return self._aparse(**kwargs)
+        return self._guard(self._raw.parse(**kwargs))
+
+    async def _aparse(self, **kwargs: Any) -> Any:
+        return self._guard(await self._raw.parse(**kwargs))
+
+    def _guard(self, parsed: Any) -> Any:
+        if self._guarded is _UNSET:  # the client caches parse(): so does this, once guarded
+            self._guarded = _after(self._call, self._api, parsed, self._asked, self._is_async)
+        return self._guarded
+
+
+_UNSET = object()
 
 
 class _Reader:
@@ -301,6 +328,8 @@ def _after(call: ModelCall, api: str, result: Any, asked: bool, is_async: bool) 
         return _GuardedStream(result, call, _Reader(api, asked))
     if isinstance(result, AsyncStream):
         return _GuardedAsyncStream(result, call, _Reader(api, asked))
+    if hasattr(result, "http_response") and hasattr(result, "parse"):
+        return _GuardedRaw(result, call, api, asked, is_async)  # recorded when parsed
     _finish(call, api, result)
     return result
 

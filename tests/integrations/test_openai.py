@@ -347,3 +347,43 @@ def test_outside_a_run_a_client_call_opens_no_run(sink, llm) -> None:
     reply = _client(llm, "sync").chat.completions.create(model="gpt-4.1", messages=MSG)
     assert reply.choices[0].message.content == "hi" and llm.count == 1
     assert sink.spans == ()  # no run, no step, no model-call span: a plain client is not an agent
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_raw_responses_are_recorded_when_parsed(sink, llm, mode) -> None:
+    """``with_raw_response`` and ``with_streaming_response``: the call is recorded once, with
+    its usage, when the body is parsed (on the async client parse() is a coroutine: it used
+    to be called and never awaited, recording 0 tokens), and a streamed body comes back
+    guarded."""
+    guard.instrument("openai")
+    llm.script = [text("ok", input=50, output=5)]
+    client = _client(llm, mode)
+
+    @guard.run(agent="raw")
+    async def agent_async() -> Any:
+        raw = await client.chat.completions.with_raw_response.create(model="gpt-4.1", messages=MSG)
+        assert raw.headers is not None  # the client's own response, passed through
+        raw.parse()  # the client's legacy raw response: parse() is not a coroutine here
+        raw.parse()  # cached: still one call
+        async with client.responses.with_streaming_response.create(
+            model="gpt-4.1", input="x", stream=True
+        ) as resp:
+            async for _ in await resp.parse():
+                pass
+        return guard.current_run().usage()
+
+    @guard.run(agent="raw")
+    def agent_sync() -> Any:
+        raw = client.chat.completions.with_raw_response.create(model="gpt-4.1", messages=MSG)
+        raw.parse()
+        raw.parse()
+        with client.responses.with_streaming_response.create(
+            model="gpt-4.1", input="x", stream=True
+        ) as resp:
+            for _ in resp.parse():
+                pass
+        return guard.current_run().usage()
+
+    o = asyncio.run(agent_async()) if mode == "async" else agent_sync()
+    assert llm.count == 2
+    assert (o.model_calls, o.input_tokens, o.output_tokens) == (2, 100, 10)

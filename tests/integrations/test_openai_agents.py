@@ -213,19 +213,16 @@ def _wait(pred: Any, timeout_s: float = 10.0) -> bool:
 
 
 # A streamed run on the responses model reads its stream through the client's
-# ``with_streaming_response``, which the openai client layer does not read usage from yet (it
-# records the call with 0 tokens): that case is the xfail below.
-RECORDED = [("run", "responses"), ("run_sync", "responses"), ("run_streamed", "chat")]
-STREAMED_RESPONSES = pytest.param(
-    "run_streamed",
-    "responses",
-    marks=pytest.mark.xfail(
-        strict=True, reason="openai layer: with_streaming_response usage not read (0 tokens)"
-    ),
-)
+# ``with_streaming_response`` (a raw response whose parse() gives the stream): guarded too.
+RECORDED = [
+    ("run", "responses"),
+    ("run_sync", "responses"),
+    ("run_streamed", "chat"),
+    ("run_streamed", "responses"),
+]
 
 
-@pytest.mark.parametrize(("mode", "api"), [*RECORDED, STREAMED_RESPONSES])
+@pytest.mark.parametrize(("mode", "api"), RECORDED)
 def test_a_real_guard_cancel_leaves_at_most_the_call_in_flight_and_the_record_is_exact(
     llm, mode, api
 ):
