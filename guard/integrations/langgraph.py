@@ -39,6 +39,7 @@ from guard.errors import RunStopped
 from guard.integrations import _langgraph_runs as runs
 from guard.integrations._base import (
     ModelCall,
+    ToolCall,
     Usage,
     abegin_model_call,
     active_run,
@@ -362,9 +363,17 @@ def _tool_result(result: Any) -> Any:
     return result if content is None else content
 
 
-def _tool_args(self: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Any, Any]:
+def _admit(tool: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[ToolCall | None, Any]:
+    """Admit the call (``RunStopped``: refused); ``None`` when the guard side failed (e.g. an
+    argument that cannot be fingerprinted): the tool then runs unguarded (counted)."""
     tool_input = args[0] if args else kw.get("tool_input")
-    return _model_args(self, tool_input), kw.get("tool_call_id")
+    try:
+        return admit_tool(str(tool.name), _model_args(tool, tool_input)), kw.get("tool_call_id")
+    except RunStopped:
+        raise
+    except Exception:
+        note_error("admitting a tool call")
+        return None, None
 
 
 def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -373,8 +382,7 @@ def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
         if active_run() is None:
             return orig(self, *args, **kw)
         try:
-            arguments, call_id = _tool_args(self, args, kw)
-            call = admit_tool(str(self.name), arguments)  # RunStopped: the tool does not run
+            call, call_id = _admit(self, args, kw)  # RunStopped: the tool does not run
             try:
                 result = orig(self, *args, **kw)
             except RunStopped:
@@ -398,8 +406,7 @@ def _wrap_atool(orig: Callable[..., Any]) -> Callable[..., Any]:
         if active_run() is None:
             return await orig(self, *args, **kw)
         try:
-            arguments, call_id = _tool_args(self, args, kw)
-            call = admit_tool(str(self.name), arguments)
+            call, call_id = _admit(self, args, kw)
             try:
                 result = await orig(self, *args, **kw)
             except RunStopped:
