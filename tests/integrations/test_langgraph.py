@@ -277,3 +277,41 @@ def test_uninstrument_restores_the_classes() -> None:
     assert guard.instrument("langgraph") == ["langgraph"]  # idempotent: not wrapped twice
     guard.uninstrument()
     assert [c.__dict__[a] for c, a in attrs] == before
+
+
+def test_the_example_runs_against_the_local_server(llm: LLMServer) -> None:
+    """examples/langgraph_agent.py as a user runs it: OPENAI_BASE_URL at the scripted server."""
+    import itertools
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _llm_server import tool
+
+    n = itertools.count()
+
+    def script(body: dict, api: str):
+        msgs = body["messages"]
+        if "1234" not in msgs[0]["content"]:  # order 9: new arguments, the same result
+            return tool("lookup_order", {"order": f"9-{next(n)}"}, input=200, output=20)
+        if msgs[-1]["role"] == "tool":
+            return text("Your refund was issued.")
+        return tool("lookup_order", {"order": "1234"})
+
+    llm.script = script
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_GUARD_")}
+    env.update(OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test")
+    proc = subprocess.run(
+        [sys.executable, str(root / "examples" / "langgraph_agent.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    happy, looping = proc.stdout.splitlines()
+    assert happy.endswith("Your refund was issued.")
+    assert "terminated loop_detected after 5 steps, 5 model calls, 1100 tokens" in looping
