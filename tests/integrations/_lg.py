@@ -11,6 +11,19 @@ from _llm_server import LLMServer, Reply, Usage, text, tool
 from langchain_core.tools import tool as lc_tool
 from langchain_openai import ChatOpenAI
 
+import guard
+
+# Both ways to count: the openai client layer (ChatOpenAI calls it), or this integration alone
+# (LangChain's usage_metadata). Either way each model call is counted once.
+MODES = {"all": (), "langgraph-only": ("langgraph",)}
+
+
+def instrument(mode: str) -> str:
+    """``guard.instrument()`` (openai + langgraph), or ``guard.instrument("langgraph")``."""
+    names = guard.instrument(*MODES[mode])
+    assert "langgraph" in names and ("openai" in names) == (mode == "all")
+    return mode
+
 
 def chat(llm: LLMServer, **kw: Any) -> ChatOpenAI:
     return ChatOpenAI(model="gpt-4.1", base_url=llm.base_url, api_key="test", max_retries=0, **kw)

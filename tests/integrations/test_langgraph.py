@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _lg import Lookup, chat, runaway, then_answer, tool_messages, two_lookups
+from _lg import MODES, Lookup, chat, instrument, runaway, then_answer, tool_messages, two_lookups
 from _llm_server import LLMServer, text
 from langchain_core.tools import tool as lc_tool
 from langgraph.graph import START, MessagesState, StateGraph
@@ -19,17 +19,12 @@ from guard.integrations import _base
 
 # create_react_agent moved to langchain.agents in LangGraph 1.0 and is still shipped here.
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
-# Both ways to count: the openai client layer (ChatOpenAI calls it), or this integration alone
-# (LangChain's usage_metadata). Either way each model call is counted once.
-MODES = {"all": (), "langgraph-only": ("langgraph",)}
 LIMIT = {"recursion_limit": 400}  # the graph's own limit: far above where the guard stops
 
 
 @pytest.fixture(params=list(MODES))
 def instrumented(request: pytest.FixtureRequest) -> str:
-    names = guard.instrument(*MODES[request.param])
-    assert "langgraph" in names and ("openai" in names) == (request.param == "all")
-    return request.param
+    return instrument(request.param)
 
 
 def _react_graph(model, tools):
@@ -279,6 +274,7 @@ def test_uninstrument_restores_the_classes() -> None:
     assert [c.__dict__[a] for c, a in attrs] == before
 
 
+@pytest.mark.slow
 def test_the_example_runs_against_the_local_server(llm: LLMServer) -> None:
     """examples/langgraph_agent.py as a user runs it: OPENAI_BASE_URL at the scripted server."""
     import itertools

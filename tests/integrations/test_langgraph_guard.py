@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from _lg import Lookup, chat, runaway, then_answer
+from _lg import MODES, Lookup, chat, instrument, runaway, then_answer
 from _llm_server import LLMServer
 from langgraph.prebuilt import create_react_agent
 
@@ -21,6 +21,11 @@ from guard.server import MemorySink, ServerThread
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 LIMIT = {"recursion_limit": 400}
+
+
+@pytest.fixture(params=list(MODES))
+def instrumented(request: pytest.FixtureRequest) -> str:
+    return instrument(request.param)
 
 
 @pytest.fixture
@@ -37,9 +42,8 @@ def _record(sink: MemorySink, run_id: str):
     return sink.run(run_id)
 
 
-def test_exact_tokens_in_the_guards_record(llm: LLMServer, server) -> None:
+def test_exact_tokens_in_the_guards_record(llm: LLMServer, server, instrumented) -> None:
     _, sink = server
-    guard.instrument()
     llm.script = then_answer(2, input=1200, output=90, cached=200, reasoning=30)
     agent = create_react_agent(chat(llm), [Lookup().tool], name="refund-graph")
     out = agent.invoke({"messages": [("user", "refund A-1")]})  # outside a run: its own
@@ -51,9 +55,8 @@ def test_exact_tokens_in_the_guards_record(llm: LLMServer, server) -> None:
     assert (rec.cached_tokens, rec.reasoning_tokens) == (600, 90)
 
 
-def test_exact_tokens_in_runstopped_and_the_record(llm: LLMServer, server) -> None:
+def test_exact_tokens_in_runstopped_and_the_record(llm: LLMServer, server, instrumented) -> None:
     _, sink = server
-    guard.instrument()
     llm.script = runaway(input=1000, output=100)
     agent = create_react_agent(chat(llm), [Lookup().tool])
 
@@ -99,9 +102,10 @@ def _operator(srv: ServerThread, llm: LLMServer, state: dict) -> threading.Threa
 
 
 @pytest.mark.parametrize("entry", ["invoke", "stream", "ainvoke", "astream"])
-def test_at_most_one_model_call_after_a_guard_cancel(llm: LLMServer, server, entry: str) -> None:
+def test_at_most_one_model_call_after_a_guard_cancel(
+    llm: LLMServer, server, instrumented, entry: str
+) -> None:
     srv, sink = server
-    guard.instrument()
     llm.script = runaway()
     agent = create_react_agent(chat(llm), [Lookup().tool])
     state: dict = {}
@@ -155,14 +159,15 @@ def test_at_most_one_model_call_after_a_guard_cancel(llm: LLMServer, server, ent
     assert rec.reason == "operator_cancel" and rec.model_calls == out.model_calls
 
 
-def test_counted_once_with_openinference_as_a_second_reporter(llm: LLMServer, server) -> None:
+def test_counted_once_with_openinference_as_a_second_reporter(
+    llm: LLMServer, server, instrumented
+) -> None:
     oi = pytest.importorskip("openinference.instrumentation.langchain")
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     srv, sink = server
-    guard.instrument()
     # The application's pipeline carries every span to the guard: the SDK's own and
     # OpenInference's LLM spans (with their llm.token_count.* usage) of the same calls.
     tp = TracerProvider()
