@@ -129,7 +129,20 @@ def _openai_counts(model: Any) -> bool:
         return False
     from langchain_openai.chat_models.base import BaseChatOpenAI
 
-    return isinstance(model, BaseChatOpenAI)
+    return isinstance(model, BaseChatOpenAI) and all(
+        _wraps_guarded(getattr(model, c, None)) for c in ("client", "async_client")
+    )
+
+
+def _wraps_guarded(resource: Any) -> bool:
+    """A ``Completions`` resource whose ``with_raw_response`` (what langchain-openai calls) was
+    built before ``guard.instrument()`` keeps the unwrapped ``create``: such a model is
+    counted here, not missed by both layers."""
+    raw = getattr(resource, "__dict__", {}).get("with_raw_response")  # a cached_property
+    if raw is None:
+        return True  # built at first use, from the wrapped create
+    fn = getattr(getattr(raw, "create", None), "__wrapped__", None)
+    return hasattr(getattr(fn, "__func__", fn), "__guard_original__")
 
 
 def _request(model: Any, stop: Any, kwargs: dict[str, Any]) -> tuple[str, int | None]:

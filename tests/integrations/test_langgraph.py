@@ -258,6 +258,26 @@ def test_guard_side_failure_never_breaks_the_tool_call() -> None:
     assert _base.errors()["admitting a tool call"] == before + 1
 
 
+def test_a_model_used_before_instrument_is_still_counted_once(llm: LLMServer) -> None:
+    """langchain-openai calls ``client.with_raw_response.create``, built at the model's first
+    call: one made before ``guard.instrument()`` keeps the unwrapped ``create``, so the openai
+    integration never sees its calls; they are counted here instead, once."""
+    llm.script = [text("hi", input=10, output=1)]
+    model = chat(llm)
+    model.invoke("before")  # not guarded: no instrument() yet, no run
+    guard.instrument()
+
+    @guard.run(agent="early")
+    def handle() -> Any:
+        model.invoke("a")
+        model.invoke("b")
+        return guard.current_run().usage()
+
+    u = handle()
+    assert (u.model_calls, u.input_tokens, u.output_tokens) == (2, 20, 2)
+    assert llm.count == 3
+
+
 def test_uninstrument_restores_the_classes() -> None:
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.tools import BaseTool
