@@ -26,7 +26,7 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "openai": ("openai", "guard.integrations.openai", "openai"),
     "openai_agents": ("agents", "guard.integrations.openai_agents", "openai-agents"),
     "pydantic_ai": ("pydantic_ai", "guard.integrations.pydantic_ai", "pydantic-ai"),
-    "langchain": ("langchain_core", "guard.integrations.langchain", "langgraph"),
+    "langgraph": ("langchain_core", "guard.integrations.langgraph", "langgraph"),
 }
 
 _on: dict[str, object] = {}  # name -> its module, while turned on
