@@ -84,14 +84,25 @@ def _finish(call: ModelCall, response: Any) -> None:
 
 def _openai_counts(model: Any) -> bool:
     """Whether the ``openai`` integration guards this model's calls itself (counted there)."""
-    while isinstance(model, WrapperModel):
-        model = model.wrapped
+    if "openai" not in enabled():
+        return False
     try:
         from openai import AsyncOpenAI, OpenAI
     except ImportError:  # pragma: no cover - the openai extra is not installed
         return False
-    client = getattr(model, "client", None)
-    return isinstance(client, AsyncOpenAI | OpenAI) and "openai" in enabled()
+    return _calls_openai(model, (AsyncOpenAI, OpenAI))
+
+
+def _calls_openai(model: Any, clients: tuple[type, ...]) -> bool:
+    while isinstance(model, WrapperModel):
+        model = model.wrapped
+    inner = getattr(model, "models", None)  # FallbackModel: wrapped as a whole
+    if isinstance(inner, list) and inner:
+        # Only when every model is an openai one; a mixed chain is counted here, and its
+        # openai attempts once more underneath (a known limit: use the ModelFallback capability,
+        # whose attempts are wrapped one by one).
+        return all(_calls_openai(m, clients) for m in inner)
+    return isinstance(getattr(model, "client", None), clients)
 
 
 class GuardedModel(WrapperModel):

@@ -10,9 +10,12 @@ import itertools
 import pytest
 from _llm_server import text, tool
 from _pydantic_ai_help import MODES, agent_on, finishing, runaway
-from pydantic_ai import ModelRetry
+from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.capabilities import Instrumentation
+from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
+from pydantic_ai.usage import RequestUsage
 
 import guard
 from guard.server import MemorySink, ServerThread
@@ -143,15 +146,23 @@ async def _drive(entry: str, agent) -> None:
                 pass
 
 
+@pytest.mark.parametrize("mode", MODES, ids="+".join)
 @pytest.mark.parametrize("entry", ["run", "run_stream", "iter", "run_stream_events"])
-async def test_run_stopped_comes_out_of_every_async_entry_point(sink, llm, entry) -> None:
-    guard.instrument()
-    llm.script = runaway(input=100, output=10)
+async def test_run_stopped_comes_out_of_every_async_entry_point(sink, llm, entry, mode) -> None:
+    guard.instrument(*mode)
+    llm.script = runaway(input=100, output=10, cached=30, reasoning=4)
     agent = agent_on(llm)
     with pytest.raises(guard.RunStopped) as stop:
         await _drive(entry, agent)
     o = stop.value.outcome
     assert o.reason == "loop_detected" and o.model_calls == llm.count
+    n = llm.count  # streamed or not, the usage of every call, once
+    assert (o.input_tokens, o.output_tokens, o.cached_tokens, o.reasoning_tokens) == (
+        100 * n,
+        10 * n,
+        30 * n,
+        4 * n,
+    )
 
 
 def test_a_model_retry_loop_never_becomes_another_retry_prompt(sink, llm) -> None:
@@ -169,3 +180,29 @@ def test_a_model_retry_loop_never_becomes_another_retry_prompt(sink, llm) -> Non
     o = stop.value.outcome
     assert o.reason in ("loop_detected", "no_progress"), o.message
     assert o.model_calls == llm.count < 12  # the stop left before another request
+
+
+def test_a_model_without_the_openai_client_is_counted_at_the_model_layer(sink) -> None:
+    guard.instrument()  # openai on too: this model never calls it, so the model layer counts
+    turns = itertools.count(1)
+
+    def model(messages, info) -> ModelResponse:
+        n = next(turns)
+        return ModelResponse(
+            parts=[ToolCallPart("lookup", {"q": f"order {n}"}, tool_call_id=f"c{n}")],
+            usage=RequestUsage(input_tokens=70, output_tokens=7, cache_read_tokens=20),
+            provider_response_id=f"resp-{n}",
+        )
+
+    agent = Agent(FunctionModel(model), name="local-model")
+
+    @agent.tool_plain
+    def lookup(q: str) -> str:
+        return "no such order"
+
+    with pytest.raises(guard.RunStopped) as stop:
+        agent.run_sync("refund?")
+    o = stop.value.outcome
+    calls = next(turns) - 1
+    assert (o.reason, o.agent, o.model_calls) == ("loop_detected", "local-model", calls)
+    assert (o.input_tokens, o.output_tokens, o.cached_tokens) == (70 * calls, 7 * calls, 20 * calls)
