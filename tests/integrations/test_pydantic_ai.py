@@ -10,6 +10,8 @@ import itertools
 import pytest
 from _llm_server import text, tool
 from _pydantic_ai_help import MODES, agent_on, finishing, runaway
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import SpanProcessor
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.capabilities import Instrumentation
 from pydantic_ai.messages import ModelResponse, ToolCallPart
@@ -18,6 +20,7 @@ from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.usage import RequestUsage
 
 import guard
+from guard.integrations._base import COUNTED_KEY
 from guard.server import MemorySink, ServerThread
 from guard.testing import capture_spans
 
@@ -206,3 +209,30 @@ def test_a_model_without_the_openai_client_is_counted_at_the_model_layer(sink) -
     calls = next(turns) - 1
     assert (o.reason, o.agent, o.model_calls) == ("loop_detected", "local-model", calls)
     assert (o.input_tokens, o.output_tokens, o.cached_tokens) == (70 * calls, 7 * calls, 20 * calls)
+
+
+class _MarkerSeen(SpanProcessor):
+    """Records, for each span started, whether its parent context says "already counted"."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[bool]] = {}
+
+    def on_start(self, span, parent_context=None) -> None:
+        marked = otel_context.get_value(COUNTED_KEY, parent_context) is True
+        scope = span.instrumentation_scope.name if span.instrumentation_scope else ""
+        self.seen.setdefault(f"{scope}:{span.name.split(' ')[0]}", []).append(marked)
+
+
+@pytest.mark.parametrize("mode", MODES, ids="+".join)
+def test_the_frameworks_own_spans_start_marked_as_counted(sink, llm, mode) -> None:
+    guard.instrument(*mode)
+    llm.script = finishing(2, input=50, output=5)
+    seen = _MarkerSeen()
+    sink.provider.add_span_processor(seen)
+    caps = [Instrumentation(settings=InstrumentationSettings(tracer_provider=sink.provider))]
+    assert agent_on(llm, capabilities=caps).run_sync("refund?").output == "done"
+    # Its chat and execute_tool spans are of calls the integration counted: a span processor
+    # or the guard reading the marker does not count them again.
+    assert seen.seen["pydantic-ai:chat"] == [True] * 3
+    assert seen.seen["pydantic-ai:execute_tool"] == [True] * 2
+    assert seen.seen["pydantic-ai:invoke_agent"] == [False]  # the agent run: not a call

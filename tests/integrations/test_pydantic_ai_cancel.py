@@ -82,6 +82,8 @@ def test_guard_cancel_stops_run_sync_inside_a_sync_guard_run(srv, llm, mode) -> 
     assert _cancel(srv, "sync-bot")
     at_cancel = llm.count
     _poll(lambda: "run" in box and box["run"].cancelled, "the cancel never reached the run")
+    # The framework's run is stopped for real: the request in flight is closed, unanswered.
+    _poll(gate.disconnected.is_set, "the request in flight was not closed")
     gate.release()
     th.join(10)
     exc = box.get("exc")
