@@ -46,6 +46,26 @@ def _poll(cond, what: str) -> None:
         time.sleep(0.005)
 
 
+def _sync_guard_run(name: str, agent) -> tuple[threading.Thread, dict]:
+    """``agent.run_sync`` inside a sync ``@guard.run`` on a thread; ``box``: run, exc."""
+    box: dict = {}
+
+    @guard.run(agent=name)
+    def handle() -> None:
+        box["run"] = guard.current_run()
+        agent.run_sync("refund?")
+
+    def body() -> None:
+        try:
+            handle()
+        except BaseException as exc:
+            box["exc"] = exc
+
+    th = threading.Thread(target=body)
+    th.start()
+    return th, box
+
+
 def _fresh(llm) -> None:
     llm.script = lambda body, api: tool("status", {"q": f"order {llm.count}"}, input=50, output=5)
 
@@ -63,21 +83,7 @@ def test_guard_cancel_stops_run_sync_inside_a_sync_guard_run(srv, llm, mode) -> 
     agent = agent_on(llm)
     _status_tool(agent)
     gate = llm.hold()  # the first request waits until the cancel has reached the run
-    box: dict = {}
-
-    @guard.run(agent="sync-bot")
-    def handle() -> None:
-        box["run"] = guard.current_run()
-        agent.run_sync("refund?")
-
-    def body() -> None:
-        try:
-            handle()
-        except BaseException as exc:
-            box["exc"] = exc
-
-    th = threading.Thread(target=body)
-    th.start()
+    th, box = _sync_guard_run("sync-bot", agent)
     assert gate.arrived.wait(10)
     assert _cancel(srv, "sync-bot")
     at_cancel = llm.count
@@ -136,21 +142,7 @@ def test_a_tool_result_reached_after_the_cancel_never_reaches_the_model(srv, llm
         release.wait(10)
         return "refund issued"
 
-    box: dict = {}
-
-    @guard.run(agent="tool-bot")
-    def handle() -> None:
-        box["run"] = guard.current_run()
-        agent.run_sync("refund?")
-
-    def body() -> None:
-        try:
-            handle()
-        except BaseException as exc:
-            box["exc"] = exc
-
-    th = threading.Thread(target=body)
-    th.start()
+    th, box = _sync_guard_run("tool-bot", agent)
     assert started.wait(10)
     assert _cancel(srv, "tool-bot")
     at_cancel = llm.count
