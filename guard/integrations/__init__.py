@@ -26,8 +26,15 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "openai": ("openai", "guard.integrations.openai", "openai"),
     "openai_agents": ("agents", "guard.integrations.openai_agents", "openai-agents"),
     "pydantic_ai": ("pydantic_ai", "guard.integrations.pydantic_ai", "pydantic-ai"),
-    "langgraph": ("langchain_core", "guard.integrations.langgraph", "langgraph"),
+    "langchain": ("langchain_core", "guard.integrations.langgraph", "langgraph"),
 }
+# other spellings users reach for (DESIGN §3.1 names the LangChain/LangGraph one "langchain")
+ALIASES = {"langgraph": "langchain"}
+
+
+def _resolve(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(ALIASES.get(n, n) for n in names)
+
 
 _on: dict[str, object] = {}  # name -> its module, while turned on
 _lock = threading.Lock()
@@ -48,6 +55,7 @@ def instrument(*names: str) -> list[str]:
     those asked for (all of them: every importable one), in turn-on order. An unknown name, or a
     named one whose library is not installed, is a :class:`~guard.errors.ConfigError`.
     """
+    names = _resolve(names)
     unknown = [n for n in names if n not in KNOWN]
     if unknown:
         raise ConfigError(
@@ -78,6 +86,7 @@ def instrument(*names: str) -> list[str]:
 
 def uninstrument(*names: str) -> list[str]:
     """Turn integrations off again (all, or the named ones); returns the names turned off."""
+    names = _resolve(names)
     with _lock:
         off = [n for n in reversed(list(_on)) if not names or n in names]
         for name in off:

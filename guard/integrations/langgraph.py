@@ -1,4 +1,4 @@
-"""LangChain and LangGraph: chat models, tools, and graph runs (``guard.instrument("langgraph")``).
+"""LangChain and LangGraph: chat models, tools, and graph runs (``guard.instrument("langchain")``, alias ``"langgraph"``).
 
 ``enable()`` wraps, on the library's base classes (so every model, tool and graph is covered,
 including those made before ``guard.instrument()``):
@@ -50,7 +50,7 @@ from guard.integrations._base import (
 
 __all__ = ["LIBRARY", "NAME", "GraphRunStopped", "disable", "enable"]
 
-NAME = "langgraph"
+NAME = "langchain"
 LIBRARY = "langchain_core"
 
 _patched: list[tuple[type, str, Any]] = []  # (class, attribute, original)

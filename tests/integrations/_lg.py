@@ -15,13 +15,13 @@ import guard
 
 # Both ways to count: the openai client layer (ChatOpenAI calls it), or this integration alone
 # (LangChain's usage_metadata). Either way each model call is counted once.
-MODES = {"all": (), "langgraph-only": ("langgraph",)}
+MODES = {"all": (), "langgraph-only": ("langchain",)}
 
 
 def instrument(mode: str) -> str:
-    """``guard.instrument()`` (openai + langgraph), or ``guard.instrument("langgraph")``."""
+    """``guard.instrument()`` (openai + langchain), or ``guard.instrument("langchain")``."""
     names = guard.instrument(*MODES[mode])
-    assert "langgraph" in names and ("openai" in names) == (mode == "all")
+    assert "langchain" in names and ("openai" in names) == (mode == "all")
     return mode
 
 

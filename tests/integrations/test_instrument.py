@@ -46,3 +46,13 @@ def test_an_unknown_name_is_a_config_error_listing_the_known_ones() -> None:
     for name in KNOWN:
         assert name in str(err.value)
     assert guard.integrations.enabled() == []
+
+
+def test_the_names_of_the_design_contract_turn_on() -> None:
+    """DESIGN §3.1 names them so; ``langgraph`` is an alias of ``langchain``."""
+    names = ("openai", "openai_agents", "pydantic_ai", "langchain")
+    try:
+        assert guard.instrument(*names) == list(names)
+        assert guard.instrument("langgraph") == ["langchain"]
+    finally:
+        assert set(guard.uninstrument()) == set(names)

@@ -285,11 +285,11 @@ def test_uninstrument_restores_the_classes() -> None:
 
     attrs = [(BaseChatModel, "_generate_with_cache"), (BaseTool, "run"), (Pregel, "stream")]
     before = [c.__dict__[a] for c, a in attrs]
-    assert guard.instrument("langgraph") == ["langgraph"]
+    assert guard.instrument("langgraph") == ["langchain"]
     assert all(
         c.__dict__[a].__guard_original__ is b for (c, a), b in zip(attrs, before, strict=True)
     )
-    assert guard.instrument("langgraph") == ["langgraph"]  # idempotent: not wrapped twice
+    assert guard.instrument("langgraph") == ["langchain"]  # idempotent: not wrapped twice
     guard.uninstrument()
     assert [c.__dict__[a] for c, a in attrs] == before
 
