@@ -104,35 +104,10 @@ def agent() -> str:
                 get_weather(SECRET_ARGS)
             step.progress(True)
     if cfg.get("admin"):
-        result["live"] = live_view(run.run_id, cfg["calls"])
+        from _live_view import live_view  # this script's folder is on sys.path
+
+        result["live"] = live_view(cfg["admin"], run.run_id, cfg["calls"])
     return "done"
-
-
-def live_view(run_id: str, calls: int) -> dict[str, int]:
-    """The guard's usage of this run while it is live, once it counted ``calls`` model calls
-    (bounded wait), read again a moment later: a second count would have arrived by then."""
-    import time
-
-    from guard.cli._client import AdminClient
-
-    def read() -> dict[str, int]:
-        with AdminClient(cfg["admin"]) as c:
-            for r in c.list_runs().runs:
-                if r.run_id == run_id:
-                    u = r.usage
-                    return {
-                        "model_calls": u.model_calls,
-                        "tokens": u.input_tokens + u.output_tokens,
-                    }
-        return {"model_calls": 0, "tokens": 0}
-
-    guard.flush(10)
-    deadline = time.monotonic() + 10
-    while read()["model_calls"] < calls and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
-    guard.flush(10)
-    return read()
 
 
 try:
