@@ -115,25 +115,49 @@ class CallLedger:
 
 
 class RunCalls:
-    """Per run: ids of counted third-party model spans and of their parents (aggregates)."""
+    """Per run: ids of counted third-party model spans and of their parents (aggregates), the
+    parents of counted tool spans, and how many tool calls were counted from spans."""
 
-    __slots__ = ("parents", "spans")
+    __slots__ = ("parents", "spans", "tool_parents", "tools")
 
     def __init__(self) -> None:
         self.spans: dict[int, None] = {}
         self.parents: dict[int, None] = {}
+        self.tool_parents: dict[int, None] = {}
+        self.tools = 0
 
-    def add(self, span_id: int, parent_id: int) -> None:
-        for seen, key in ((self.spans, span_id), (self.parents, parent_id)):
+    def add(self, span_id: int, parent_id: int, tool: bool = False) -> None:
+        pairs = (
+            ((self.tool_parents, parent_id),)
+            if tool
+            else (
+                (self.spans, span_id),
+                (self.parents, parent_id),
+            )
+        )
+        for seen, key in pairs:
             if key:
                 seen[key] = None
                 if len(seen) > _SEEN_MAX:
                     del seen[next(iter(seen))]
 
 
+def _calls_of(run: Run) -> RunCalls:
+    calls = run.foreign_calls
+    if calls is None:
+        calls = run.foreign_calls = RunCalls()
+    return calls
+
+
+def _native_tools(run: Run) -> int:
+    """Tool calls the run recorded itself (``@guard.tool``, ``step.tool_call``)."""
+    calls = run.foreign_calls
+    return run.budget.usage().tool_calls - (calls.tools if calls is not None else 0)
+
+
 class _Owner:
-    """The run and step a third-party span started in; tool spans also the run's tool count
-    then (a ``@guard.tool`` recorded while the span was open makes it a duplicate)."""
+    """The run and step a third-party span started in; tool spans also the run's own tool
+    count then (a ``@guard.tool`` recorded while the span was open makes it a duplicate)."""
 
     __slots__ = ("run", "step", "tools")
 
@@ -216,7 +240,7 @@ class ForeignSpans(SpanProcessor):
         if step is not None and (step.run is not run or step.span is None):
             step = None
         attrs = span.attributes or {}
-        tools = run.budget.usage().tool_calls if _is_tool(span.name, attrs) else None
+        tools = _native_tools(run) if _is_tool(span.name, attrs) else None
         if step is not None and step.calls is None:
             step.calls = CallLedger()  # steps with a third-party span keep a ledger
         if len(self._owners) >= _OWNERS_MAX:
@@ -266,9 +290,7 @@ class ForeignSpans(SpanProcessor):
         response_id = info["response_id"] if isinstance(info["response_id"], str) else None
         span_id = span.context.span_id
         parent_id = span.parent.span_id if span.parent is not None else 0
-        calls = run.foreign_calls
-        if calls is None:
-            calls = run.foreign_calls = RunCalls()
+        calls = _calls_of(run)
         ledger = step.calls if step is not None else None
         if (
             span_id in calls.parents
@@ -313,13 +335,15 @@ class ForeignSpans(SpanProcessor):
         name = _first(attrs, _TOOL_NAME_KEYS)
         if not isinstance(name, str) or not name:
             name = span.name[13:] if span.name.startswith("execute_tool ") else span.name
-        if (
-            owner.tools is not None
-            and run.budget.usage().tool_calls > owner.tools
-            and run.last_tool == name
+        calls = _calls_of(run)
+        span_id = span.context.span_id
+        if span_id in calls.tool_parents or (
+            owner.tools is not None and _native_tools(run) > owner.tools and run.last_tool == name
         ):
+            # a tool span inside it was counted, or @guard.tool recorded it while it was open:
+            # it goes out as it is (no usage, no run id: the guard does not count it)
             self.duplicates += 1
-            return span  # @guard.tool recorded it: no usage on it, the guard skips it
+            return span
         args = _first(attrs, TOOL_ARGUMENTS)
         result = _first(attrs, TOOL_RESULTS)
         result = MISSING if result is None else _parsed(result)
@@ -327,6 +351,7 @@ class ForeignSpans(SpanProcessor):
             result = {"error": attrs.get(A.ERROR_TYPE) or "error"}
         call_id = _first(attrs, _TOOL_ID_KEYS)
         extra: dict[str, Any] = {}
+        calls.tools += 1  # first: a count in between never looks like a call of the run's own
         record_tool_call(
             run,
             run.ctx,
@@ -338,6 +363,7 @@ class ForeignSpans(SpanProcessor):
             span_attrs=extra,
         )
         self.tool_calls += 1
+        calls.add(span_id, span.parent.span_id if span.parent is not None else 0, tool=True)
         if step is not None and step.span is not None:
             step.tool_calls += 1
         return stamped(span, extra)

@@ -131,6 +131,32 @@ def test_a_guard_tool_inside_a_framework_tool_span_counts_once() -> None:
     assert usage.tool_calls == 4  # not 7, not 3
 
 
+def test_parallel_and_nested_framework_tool_spans() -> None:
+    with capture_spans(hmac_key=b"k" * 16) as sink:
+        tracer = sink.provider.get_tracer("framework")
+
+        @guard.run(agent="par")
+        def agent() -> Any:
+            with guard.step():
+                # two calls of one tool in flight at once (a framework's parallel tool calls)
+                a = tracer.start_span("running tool", attributes={"gen_ai.tool.name": "get"})
+                b = tracer.start_span("running tool", attributes={"gen_ai.tool.name": "get"})
+                a.set_attribute("tool_arguments", '{"id": 1}')
+                b.set_attribute("tool_arguments", '{"id": 2}')
+                a.end()
+                b.end()
+                # one call reported twice: a framework's tool span around an OpenInference one
+                with tracer.start_as_current_span("execute_tool get") as outer:
+                    outer.set_attribute("gen_ai.operation.name", "execute_tool")
+                    attrs = {"openinference.span.kind": "TOOL", "tool.name": "get"}
+                    with tracer.start_as_current_span("get", attributes=attrs):
+                        pass
+            return guard.current_run().usage()
+
+        usage = agent()
+    assert usage.tool_calls == 3
+
+
 def test_framework_tool_spans_alone_stop_a_loop_with_varying_arguments() -> None:
     with capture_spans(hmac_key=b"k" * 16) as sink:
         tracer = sink.provider.get_tracer("pydantic-ai")
