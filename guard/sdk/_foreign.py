@@ -42,6 +42,7 @@ from opentelemetry.trace import StatusCode
 from guard.policy import Action, Phase
 from guard.sdk import _spans as A
 from guard.sdk._calls import MISSING, record_tool_call
+from guard.sdk._redact import copy_span
 from guard.sdk._reserve import current_reservation, tenant_after_call
 from guard.sdk._run import _current as _current_run
 from guard.sdk._step import current_step
@@ -194,20 +195,7 @@ def stamped(span: ReadableSpan, extra: dict[str, Any] | None) -> ReadableSpan:
         attrs = {k: v for k, v in attrs.items() if k not in _TOKEN_KEYS}
     else:
         attrs = {**attrs, **extra}
-    return ReadableSpan(
-        name=span.name,
-        context=span.context,
-        parent=span.parent,
-        resource=span.resource,
-        attributes=attrs,
-        events=span.events,
-        links=span.links,
-        kind=span.kind,
-        status=span.status,
-        start_time=span.start_time,
-        end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
-    )
+    return copy_span(span, attrs)
 
 
 class ForeignSpans(SpanProcessor):
