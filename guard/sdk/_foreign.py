@@ -48,6 +48,7 @@ from guard.sdk._run import _current as _current_run
 from guard.sdk._step import current_step
 from guard.semconv import (
     AGGREGATE_OPERATIONS,
+    MODEL_OPERATIONS,
     TOOL_ARGUMENTS,
     TOOL_RESULTS,
     TOOL_SPAN_KINDS,
@@ -169,8 +170,11 @@ class _Owner:
 
 
 def _is_tool(name: str, attrs: Any) -> bool:
+    op = attrs.get(A.OPERATION)
+    if op in MODEL_OPERATIONS or attrs.get("openinference.span.kind") == "LLM":
+        return False  # a model call, whatever tool it names
     return (
-        attrs.get(A.OPERATION) == "execute_tool"
+        op == "execute_tool"
         or name.startswith("execute_tool")
         or any(attrs.get(k) == v for k, v in TOOL_SPAN_KINDS.items())
         or _first(attrs, _TOOL_MARKS) is not None
