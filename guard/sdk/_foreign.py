@@ -65,6 +65,7 @@ __all__ = ["CallLedger", "ForeignSpans", "RunCalls"]
 log = logging.getLogger("guard.sdk")
 
 _AFTER_MODEL, _CONTINUE = Phase.AFTER_MODEL_CALL, Action.CONTINUE
+_current_run_get = _current_run.get
 _OWNERS_MAX = 65_536  # open third-party spans tracked at once (a leak is forgotten, not grown)
 _SEEN_MAX = 256  # counted span ids kept per run (parents end within a few calls)
 _TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "reasoning_tokens")
@@ -223,10 +224,12 @@ class ForeignSpans(SpanProcessor):
 
     # SpanProcessor interface ---------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        if span.instrumentation_scope is self._scope:
+        # every span of the provider comes here: the cheapest tests first (outside a run one
+        # context-variable read; our own spans one identity test more)
+        run = _current_run_get()
+        if run is None or span._instrumentation_scope is self._scope:
             return
-        run = _current_run.get()
-        if run is None or run.rt is not self._rt or not run.live:
+        if run.rt is not self._rt or not run.live:
             return
         step = current_step()
         if step is not None and (step.run is not run or step.span is None):
@@ -241,8 +244,8 @@ class ForeignSpans(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         out = span
-        if span.instrumentation_scope is not self._scope:
-            owner = self._owners.pop(span.context.span_id, None)
+        if self._owners and span._instrumentation_scope is not self._scope:
+            owner = self._owners.pop(span._context.span_id, None)
             if owner is not None and owner.run.live:
                 try:
                     out = self._count(span, owner)

@@ -64,8 +64,8 @@ def run_agent(tmp_path: Path, proxy: RecordingProxy, **cfg: Any) -> dict[str, An
             "out": str(out),
             **cfg,
         }
-        env = {**os.environ, "OTEL_SDK_DISABLED": "false"}
-        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        env = dict(os.environ)
+        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)  # OpenLIT would export there
         proc = subprocess.run(
             [sys.executable, str(AGENT), json.dumps(full)],
             capture_output=True,
