@@ -201,6 +201,8 @@ class Step:
             claimed = calls.claim(response_id, input_tokens, output_tokens)
             if claimed is not None:
                 # Counted from that span already (it is the call's span to the guard as well).
+                if run._interrupt is not None:
+                    run.check_stop()
                 return claimed[3] if cost_usd is None else cost_usd
         # The whole recording inline (one model call per step on the hot path).
         parent_ctx = self._ctx if self._ctx is not None else run.ctx
