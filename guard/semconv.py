@@ -1,7 +1,11 @@
 """The GenAI attribute spellings otel-guard knows, by the instrumentation that emits them.
 
-One table for the SDK and the guard (DESIGN §3.3, §3.7). Today it says which span attributes
-and span events carry *content*: prompts, messages, system instructions, tool definitions,
+One table for the SDK and the guard (DESIGN §3.3, §3.7). It says which attributes carry a
+model call's *usage* and identity (:data:`USAGE_ATTRIBUTES`, every spelling of every
+instrumentation, read by the guard's decoders and by the SDK's span processor for third-party
+spans), which span operations are model calls, aggregates or tool calls, where a third-party
+tool span keeps its arguments and result (fingerprinted in-process, never exported), and which
+span attributes and span events carry *content*: prompts, messages, system instructions, tool definitions,
 tool arguments and results, retrieved documents, answers and error text. The SDK's export to
 the guard drops them from every span, whoever wrote them (``guard.sdk._redact``); the guard's
 decoders read none of them. Counters (token usage, cost), model and operation names, ids
@@ -18,13 +22,108 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 __all__ = [
+    "AGGREGATE_OPERATIONS",
     "CONTENT_ATTRIBUTES",
     "CONTENT_EVENTS",
     "CONTENT_KEYS",
     "CONTENT_PREFIXES",
+    "MODEL_OPERATIONS",
+    "TOOL_ARGUMENTS",
+    "TOOL_RESULTS",
+    "TOOL_SPAN_KINDS",
+    "USAGE_ATTRIBUTES",
+    "USAGE_FIELDS",
+    "USAGE_KEYS",
     "is_content_attribute",
     "is_content_event",
 ]
+
+# -- usage and identity -----------------------------------------------------------------------
+# field -> spellings, by emitter, the current semconv name first (who emits which: the table in
+# shared/reference/scale-out-peers-semconv.md). A span normally carries one spelling per field;
+# when it carries several (Pydantic AI writes gen_ai.usage.details.* next to the dotted names),
+# they hold the same number, and the SDK reads the first one present. Input tokens include
+# cached ones and output tokens the reasoning ones, in every spelling listed. Totals
+# (gen_ai.usage.total_tokens, llm.token_count.total) are not read: input + output is the total.
+USAGE_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "input_tokens": (
+        "gen_ai.usage.input_tokens",  # semconv now; OpenLLMetry, OpenLIT, Pydantic AI, ADK
+        "gen_ai.usage.prompt_tokens",  # previous semconv; older OpenLLMetry
+        "llm.token_count.prompt",  # OpenInference
+    ),
+    "output_tokens": (
+        "gen_ai.usage.output_tokens",
+        "gen_ai.usage.completion_tokens",
+        "llm.token_count.completion",
+    ),
+    "cache_read_tokens": (
+        "gen_ai.usage.cache_read.input_tokens",  # semconv now (OpenLLMetry, OpenLIT too)
+        "gen_ai.usage.cache_read_input_tokens",  # OpenLLMetry's older underscore form
+        "llm.token_count.prompt_details.cache_read",  # OpenInference
+        "gen_ai.usage.details.cache_read_tokens",  # Pydantic AI / Logfire
+        "gen_ai.usage.prompt_tokens_details.cache_read",  # OpenLIT (TypeScript SDK)
+    ),
+    "cache_write_tokens": (  # validated, already inside input_tokens
+        "gen_ai.usage.cache_write.input_tokens",  # semconv now (fragment 440)
+        "gen_ai.usage.cache_creation.input_tokens",  # previous semconv; OpenLIT
+        "gen_ai.usage.cache_creation_input_tokens",  # OpenLLMetry's older underscore form
+        "llm.token_count.prompt_details.cache_write",  # OpenInference
+        "gen_ai.usage.details.cache_write_tokens",  # Pydantic AI / Logfire
+        "gen_ai.usage.prompt_tokens_details.cache_write",  # OpenLIT (TypeScript SDK)
+    ),
+    "reasoning_tokens": (
+        "gen_ai.usage.reasoning.output_tokens",  # semconv now
+        "gen_ai.usage.reasoning_tokens",  # OpenLLMetry's and OpenLIT's form
+        "llm.token_count.completion_details.reasoning",  # OpenInference
+        "gen_ai.usage.details.reasoning_tokens",  # Pydantic AI / Logfire
+    ),
+    "model": ("gen_ai.request.model", "llm.model_name"),  # OpenInference: llm.model_name
+    "response_model": ("gen_ai.response.model",),
+    "response_id": ("gen_ai.response.id",),  # OpenInference spans have none
+    "operation": ("gen_ai.operation.name",),
+    # OpenInference: tool.name; OpenLLMetry's @tool: traceloop.entity.name
+    "tool_name": ("gen_ai.tool.name", "tool.name", "traceloop.entity.name"),
+    "tool_call_id": ("gen_ai.tool.call.id", "tool_call.id"),
+}
+USAGE_FIELDS = tuple(USAGE_ATTRIBUTES)
+# spelling -> field, every spelling of the table
+USAGE_KEYS: dict[str, str] = {k: f for f, keys in USAGE_ATTRIBUTES.items() for k in keys}
+
+# gen_ai.operation.name values (and span-name heads) of a model call
+MODEL_OPERATIONS = frozenset(
+    {"chat", "text_completion", "generate_content", "embeddings", "completion", "responses"}
+)
+# Operations of spans that aggregate their children (agents, workflows, runner entrypoints,
+# tools): their usage, when they carry any, is the sum of calls counted on their own spans.
+AGGREGATE_OPERATIONS = frozenset(
+    {
+        "invoke_agent",
+        "create_agent",
+        "execute_tool",
+        "invoke_workflow",
+        "handle_conversation_turn",  # runner entrypoints (semconv fragment 571)
+    }
+)
+# A span's kind in an instrumentation's own attribute -> the value that makes it a tool call
+# (OpenInference: LLM, TOOL, AGENT, CHAIN, ...; OpenLLMetry: workflow, task, agent, tool)
+TOOL_SPAN_KINDS: dict[str, str] = {"openinference.span.kind": "TOOL", "traceloop.span.kind": "tool"}
+# Where a third-party tool span keeps the call's arguments and its result (all of them content,
+# dropped on the way to the guard): the SDK fingerprints the first one present in-process.
+TOOL_ARGUMENTS = (
+    "gen_ai.tool.call.arguments",  # semconv now
+    "input.value",  # OpenInference TOOL spans
+    "tool_arguments",  # Pydantic AI
+    "gen_ai.tool.args",  # OpenLIT
+    "gcp.vertex.agent.tool_call_args",  # Google ADK
+    "traceloop.entity.input",  # OpenLLMetry's @tool
+)
+TOOL_RESULTS = (
+    "gen_ai.tool.call.result",
+    "output.value",
+    "tool_response",
+    "gcp.vertex.agent.tool_response",
+    "traceloop.entity.output",
+)
 
 # source -> spellings of content attributes (exact keys, or prefixes ending in "*")
 CONTENT_ATTRIBUTES: dict[str, tuple[str, ...]] = {

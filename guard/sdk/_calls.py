@@ -155,10 +155,13 @@ def record_tool_call(
     call_id: str | None = None,
     started_at: float | None = None,
     reservation: Reservation | None = None,
+    span_attrs: dict[str, Any] | None = None,
 ) -> str:
     """Record one finished tool call; returns its action fingerprint.
 
     Only the HMAC fingerprint of ``args`` and the hash of ``result`` leave the process.
+    ``span_attrs``: the call already has a span (a third-party tool span, ``_foreign``): its
+    ``execute_tool`` attributes go into this dict instead of a span of ours.
     """
     fp = run.fp
     action = fp.action(name, args)
@@ -218,9 +221,12 @@ def record_tool_call(
     if error is not None:
         attrs[A.ERROR_TYPE] = type(error).__qualname__
         tag(error, "tool")
-    emit_call_span(
-        run.rt.tracer, f"execute_tool {name}", parent_ctx, _INTERNAL, attrs, started_at, error
-    )
+    if span_attrs is None:
+        emit_call_span(
+            run.rt.tracer, f"execute_tool {name}", parent_ctx, _INTERNAL, attrs, started_at, error
+        )
+    else:
+        span_attrs.update(attrs)
     if in_batch:
         batch.note_verdict(verdict)
     elif quick:

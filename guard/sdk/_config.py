@@ -67,7 +67,9 @@ class Settings:
       export_timeout_s: per-export OTLP deadline (a down guard must not stall the exporter).
       kill_grace_s: SIGTERM -> SIGKILL grace for tracked process groups.
       tracer_provider: an explicit OpenTelemetry SDK TracerProvider; default: the global one
-        when it is an SDK provider, else a private provider.
+        when it is an SDK provider; else, with a guard configured, an SDK provider installed
+        globally when the first run starts (so third-party instrumentations' spans reach the
+        guard; guard.sdk._providers); else (local-only) a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
       reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream,
         applied once every guard of ``endpoint`` failed in one cycle (the next guard of a

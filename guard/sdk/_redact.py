@@ -25,7 +25,7 @@ from opentelemetry.trace import Status
 
 from guard.semconv import is_content_attribute, is_content_event
 
-__all__ = ["RedactingSpanExporter", "redact_span"]
+__all__ = ["RedactingSpanExporter", "copy_span", "redact_span"]
 
 # Attribute keys seen and found clean. Bounded like semconv's verdict cache: a foreign
 # instrumentation with per-call keys must not grow it without end.
@@ -105,16 +105,28 @@ def redact_span(span: ReadableSpan, counts: Redaction | None = None) -> Readable
     if status.description:
         counts.attributes += 1
         status = Status(status.status_code)
+    return copy_span(span, kept, events=tuple(kept_events), status=status)
+
+
+def copy_span(
+    span: ReadableSpan,
+    attributes: Mapping[str, Any],
+    *,
+    events: Sequence[Event] | None = None,
+    status: Status | None = None,
+) -> ReadableSpan:
+    """A copy of an ended span with other attributes (and events, status), for the export to
+    the guard only: the application's processors keep the original."""
     return ReadableSpan(
         name=span.name,
         context=span.context,
         parent=span.parent,
         resource=span.resource,
-        attributes=kept,
-        events=tuple(kept_events),
+        attributes=attributes,
+        events=span.events if events is None else events,
         links=span.links,
         kind=span.kind,
-        status=status,
+        status=span.status if status is None else status,
         start_time=span.start_time,
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,

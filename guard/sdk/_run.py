@@ -107,6 +107,7 @@ class Run:
         self.step_index = 0
         self.numbered = rt.number_spans  # counted spans carry guard.seq (Runtime)
         self.did_work = False
+        self.foreign_calls: Any = None  # guard.sdk._foreign.RunCalls, once a span is counted
         self.partial_result: bool | None = None  # the user may say so explicitly
         self.warned = False
         self.wrap_up_requested = False

@@ -18,11 +18,13 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits, PriceBook
 from guard.sdk._config import Settings, get_settings
+from guard.sdk._providers import RELAY, install_global_provider, relay_for
 from guard.sdk._targets import Route
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
     from guard.sdk._export import LowLatencySpanProcessor
+    from guard.sdk._foreign import ForeignSpans
     from guard.sdk._redact import RedactingSpanExporter
 
 __all__ = ["Runtime", "get_runtime", "reset_runtime", "stats"]
@@ -61,6 +63,8 @@ class Runtime:
         self.route = Route()  # the guard the control stream holds; the span export follows it
         if settings.span_target is not None:
             self._attach_exporter(settings)
+        self.foreign: ForeignSpans | None = None
+        self._attach_foreign()
         if settings.endpoint is not None:
             self._attach_control(settings)
         # Counted spans carry their record number (guard.seq) when runs re-register through a
@@ -71,6 +75,9 @@ class Runtime:
     # -- providers and export ---------------------------------------------------------------
     @staticmethod
     def _pick_provider(settings: Settings) -> tuple[TracerProvider, bool]:
+        """The application's provider when it has an SDK one; else, with a guard configured,
+        a global one installed for it (so instrumentations' spans reach the guard); else
+        (local-only) a private one. See ``install_global_provider``."""
         if settings.tracer_provider is not None:
             return settings.tracer_provider, False
         current = trace.get_tracer_provider()
@@ -84,9 +91,25 @@ class Runtime:
                     desc,
                 )
             return current, False
-        # No SDK provider installed by the application: keep a private one rather than
-        # installing a global the application might set later (set-once semantics).
+        if settings.endpoint is not None or settings.span_target is not None:
+            installed = install_global_provider(current)
+            if installed is not None:
+                return installed, False
+        # Local-only (or a provider we cannot attach to): a private one, whose guard spans the
+        # application never sees.
         return TracerProvider(), True
+
+    def _attach_foreign(self) -> None:
+        """Count third-party spans in-process; the export to the guard goes behind that
+        (stamped or dropped spans, guard.sdk._foreign). One relay per provider: a rebuilt
+        runtime replaces the chain instead of stacking another one on the provider."""
+        from guard.sdk._foreign import ForeignSpans
+
+        try:
+            self.foreign = ForeignSpans(self, self.processor)
+            relay_for(self.provider).point_to(self.foreign)
+        except Exception:
+            log.exception("otel-guard: could not attach the span processor; spans stay local")
 
     def _attach_exporter(self, settings: Settings) -> None:
         """The SDK's own low-latency span export (``span_export="direct"``)."""
@@ -111,7 +134,6 @@ class Runtime:
                 queue_size=settings.export_queue_size,
                 trace_filter=self.is_guarded,
             )
-            self.provider.add_span_processor(self.processor)
         except Exception:
             log.exception("otel-guard: could not attach the span exporter; spans stay local")
 
@@ -231,6 +253,9 @@ class Runtime:
                 self.control.stop()
             except Exception:  # pragma: no cover
                 log.debug("control stop failed", exc_info=True)
+        relay = getattr(self.provider, RELAY, None)
+        if relay is not None:
+            relay.release(self.foreign)
         if self.processor is not None:
             try:
                 # A guard that did not take the spans within 2 s gets no second 2 s wait.
@@ -292,6 +317,8 @@ def stats(runtime: Runtime | None = None) -> dict[str, int]:
         )
     if rt.redactor is not None:
         out.update(rt.redactor.counters())
+    if rt.foreign is not None:
+        out.update(rt.foreign.counters())
     failovers = getattr(rt.span_exporter, "failovers", None)
     if failovers is not None:
         out["spans_failovers"] = failovers

@@ -66,6 +66,7 @@ class Step:
         "_state",
         "_token",
         "action",
+        "calls",
         "index",
         "run",
         "span",
@@ -78,6 +79,8 @@ class Step:
         self.span: Any = None
         self.action: str | None = None
         self.tool_calls = 0
+        # guard.sdk._foreign.CallLedger, made when a third-party span starts in this step
+        self.calls: Any = None
         self._progress: bool | None = None
         self._state: str | None = None
         self._ctx: Any = None
@@ -193,6 +196,14 @@ class Step:
         run = self.run
         if run is None:
             return cost_usd
+        calls = self.calls
+        if calls is not None:  # an instrumentation's span of this step may report it too
+            claimed = calls.claim(response_id, input_tokens, output_tokens)
+            if claimed is not None:
+                # Counted from that span already (it is the call's span to the guard as well).
+                if run._interrupt is not None:
+                    run.check_stop()
+                return claimed[3] if cost_usd is None else cost_usd
         # The whole recording inline (one model call per step on the hot path).
         parent_ctx = self._ctx if self._ctx is not None else run.ctx
         rt = run.rt
@@ -253,6 +264,8 @@ class Step:
             attrs[A.COST_USD] = cost_usd
         if response_id:
             attrs[A.RESPONSE_ID] = response_id
+        if calls is not None:  # the instrumentation's span may end after this record
+            calls.recorded.append((response_id, input_tokens, output_tokens, cost_usd))
         if error is None:
             run.did_work = True
         else:

@@ -2,8 +2,9 @@
 
 No policy calls, no registry, no I/O: this module only reads spans and says what each one
 means for a guarded run. It accepts the current GenAI semconv spellings and the previous
-ones (``gen_ai.system``, ``gen_ai.usage.prompt_tokens`` / ``completion_tokens``, ...) plus the
-OpenInference ``llm.token_count.*`` names, so spans from other instrumentations count too.
+ones (``gen_ai.usage.prompt_tokens`` / ``completion_tokens``, ...), OpenLLMetry's older
+underscore forms, OpenInference ``llm.token_count.*``, OpenLIT and Pydantic AI spellings, all
+from the one alias table in :mod:`guard.semconv`, so spans of other instrumentations count too.
 
 Spans that are neither ours nor GenAI model calls (HTTP, DB, framework internals) are skipped
 after one pass over their attributes and cost no allocation beyond that pass. A span whose
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from guard.bounds import MAX_COST_USD_PER_SPAN, MAX_COUNTER, MAX_ID_CHARS
+from guard.semconv import AGGREGATE_OPERATIONS, MODEL_OPERATIONS, USAGE_KEYS
 
 __all__ = [
     "ACTION_FP",
@@ -118,43 +120,34 @@ _STOP_STATUS, _STOP_REASON, _USAGE_STEPS, _USAGE_TOOLS, _CACHE_CREATION = range(
 _STR, _INT, _FLOAT, _BOOL, _HEX = 0, 1, 2, 3, 4
 _HEXCHARS = frozenset("0123456789abcdefABCDEF")
 
-# key -> (slot, type). Several spellings share one slot.
+# The alias table's fields this decoder reads -> (slot, type); every spelling of a field in
+# guard.semconv.USAGE_ATTRIBUTES shares its slot. Built once at import (so is _rawdecode's
+# canonical-head table, from _KEYS): the per-span path is one dict probe per attribute.
+_USAGE_SLOTS: dict[str, tuple[int, int]] = {
+    "operation": (_OP, _STR),
+    "model": (_MODEL, _STR),
+    "response_model": (_RESP_MODEL, _STR),
+    "input_tokens": (_IN, _INT),
+    "output_tokens": (_OUT, _INT),
+    "cache_read_tokens": (_CACHED, _INT),
+    "cache_write_tokens": (_CACHE_CREATION, _INT),
+    "reasoning_tokens": (_REASONING, _INT),
+    "response_id": (_RESP_ID, _STR),
+    "tool_name": (_TOOL_NAME, _STR),
+}
+# key -> (slot, type): our own guard.* attributes, then the alias table.
 _KEYS: dict[str, tuple[int, int]] = {
     "guard.run.id": (_RUN_ID, _STR),
     "guard.parent_run.id": (_PARENT_RUN, _STR),
     "guard.tenant": (_TENANT, _STR),
-    "gen_ai.operation.name": (_OP, _STR),
     "gen_ai.agent.name": (_AGENT, _STR),
-    "gen_ai.request.model": (_MODEL, _STR),
-    "llm.model_name": (_MODEL, _STR),  # OpenInference
-    "gen_ai.response.model": (_RESP_MODEL, _STR),
-    # input tokens (cached included): current, previous, OpenInference
-    "gen_ai.usage.input_tokens": (_IN, _INT),
-    "gen_ai.usage.prompt_tokens": (_IN, _INT),
-    "llm.token_count.prompt": (_IN, _INT),
-    # output tokens (reasoning included)
-    "gen_ai.usage.output_tokens": (_OUT, _INT),
-    "gen_ai.usage.completion_tokens": (_OUT, _INT),
-    "llm.token_count.completion": (_OUT, _INT),
-    # cache reads
-    "gen_ai.usage.cache_read.input_tokens": (_CACHED, _INT),
-    "gen_ai.usage.cache_read_input_tokens": (_CACHED, _INT),
-    "llm.token_count.prompt_details.cache_read": (_CACHED, _INT),
-    # cache writes (previous spelling): validated, already inside input_tokens
-    "gen_ai.usage.cache_creation.input_tokens": (_CACHE_CREATION, _INT),
-    "gen_ai.usage.cache_creation_input_tokens": (_CACHE_CREATION, _INT),
-    # reasoning
-    "gen_ai.usage.reasoning.output_tokens": (_REASONING, _INT),
-    "gen_ai.usage.reasoning_tokens": (_REASONING, _INT),
     "guard.cost.usd": (_COST, _FLOAT),
-    "gen_ai.response.id": (_RESP_ID, _STR),
     "guard.step.index": (_STEP_INDEX, _INT),
     "guard.progress": (_PROGRESS, _BOOL),
     "guard.state.hash": (_STATE_HASH, _STR),  # only compared, never stored
     "guard.action.fingerprint": (_ACTION_FP, _HEX),  # stored: must be a digest
     "guard.result.hash": (_RESULT_HASH, _STR),  # only compared, never stored
     "guard.tool.attempts": (_ATTEMPTS, _INT),
-    "gen_ai.tool.name": (_TOOL_NAME, _STR),
     "error.type": (_ERROR, _STR),
     "guard.stop.status": (_STOP_STATUS, _STR),
     "guard.stop.reason": (_STOP_REASON, _STR),
@@ -162,13 +155,14 @@ _KEYS: dict[str, tuple[int, int]] = {
     "guard.usage.tool_calls": (_USAGE_TOOLS, _INT),
     "guard.seq": (SEQ, _INT),
 }
+_KEYS.update(
+    (key, _USAGE_SLOTS[field]) for key, field in USAGE_KEYS.items() if field in _USAGE_SLOTS
+)
 _KEYS_GET = _KEYS.get
 
-_MODEL_OPS = frozenset(
-    {"chat", "text_completion", "generate_content", "embeddings", "completion", "responses"}
-)
+_MODEL_OPS = MODEL_OPERATIONS
 # Foreign spans with these operations aggregate their children: never count them as a call.
-_NOT_A_CALL = frozenset({"invoke_agent", "create_agent", "execute_tool", "invoke_workflow"})
+_NOT_A_CALL = AGGREGATE_OPERATIONS
 
 
 _FIELDS = {

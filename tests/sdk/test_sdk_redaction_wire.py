@@ -33,7 +33,10 @@ pytest.importorskip("guard.store")
 
 TENANT = "acme"
 POLICY = {
-    "tenants": {TENANT: {"rolling": [{"metric": "tokens", "limit": 10**9, "window_s": 3600}]}}
+    "tenants": {TENANT: {"rolling": [{"metric": "tokens", "limit": 10**9, "window_s": 3600}]}},
+    # each instrumentation reports a get_weather call with the same arguments and result
+    # (emit_instrumented_calls): counted as tool calls, they are no loop in these tests
+    "runs": {"loop": {"repeat_threshold": 10}},
 }
 
 
@@ -92,7 +95,8 @@ def test_no_content_reaches_the_guard_its_logs_or_its_store(
         guard.configure(endpoint=proxy.address, tenant=TENANT, tracer_provider=provider)
         box: dict[str, Any] = {}
 
-        @guard.run(agent="weather")
+        # the same repeats, for the SDK's own loop detection (see POLICY)
+        @guard.run(agent="weather", loop={"repeat_threshold": 10})
         def agent() -> str:
             box["run_id"] = guard.current_run().run_id
             with guard.step():

@@ -1,0 +1,382 @@
+"""Third-party GenAI spans counted in-process, once (DESIGN §3.3, §3.7).
+
+:class:`ForeignSpans` is the SDK's span processor on the TracerProvider that instrumentations
+write to (OpenLLMetry, OpenInference, OpenLIT, Pydantic AI, a framework's own). A span started
+inside a guarded run (the run and step of the context it starts in) and ending as
+
+* a **model call** (usage under any spelling of :data:`guard.semconv.USAGE_ATTRIBUTES`, not an
+  aggregate operation) is counted into the run: tokens, cost from the price book, the policy
+  after the call (a stop is pending, raised at the run's next SDK call: never from inside the
+  instrumentation's ``span.end()``), the reservation of its context settled. So its usage is in
+  ``RunStopped.outcome`` and the termination record;
+* a **tool call** (``execute_tool``, ``gen_ai.tool.name``, OpenInference ``TOOL``) is recorded
+  like ``step.tool_call``: its arguments and result, read from the span, fingerprinted with the
+  run's HMAC key and canonicalisation, feed loop detection.
+
+Each call is counted once however many report it. A model span is a *duplicate* when it is
+the parent of a counted span (a wrapper reporting the aggregate), or when the step already
+recorded the same call explicitly (``step.model_call`` with the same response id, or with the
+same input and output tokens when either side has no response id: OpenInference spans have
+none). The other way round, ``step.model_call`` after a counted span of the same call in its
+step *claims* it (:meth:`CallLedger.claim`) and records nothing more. A tool span is a
+duplicate when ``@guard.tool`` / ``step.tool_call`` recorded that tool while it was open.
+
+The guard agrees because of what reaches it (the export to the guard is chained behind this
+processor): a counted span goes out *stamped* as the run's own call (``guard.run.id``,
+``guard.seq``, ``guard.cost.usd``; a tool span also ``gen_ai.operation.name=execute_tool``,
+``guard.action.fingerprint``, ``guard.result.hash``), so the guard counts it as the SDK's
+span, once; a duplicate model span goes out without its token counters. The copy is the guard's only: the
+application's own processors see the span as the instrumentation wrote it, and the redaction
+further down still drops every raw argument and result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from guard.policy import Action, Phase
+from guard.sdk import _spans as A
+from guard.sdk._calls import MISSING, record_tool_call
+from guard.sdk._redact import copy_span
+from guard.sdk._reserve import current_reservation, tenant_after_call
+from guard.sdk._run import _current as _current_run
+from guard.sdk._step import current_step
+from guard.semconv import (
+    AGGREGATE_OPERATIONS,
+    MODEL_OPERATIONS,
+    TOOL_ARGUMENTS,
+    TOOL_RESULTS,
+    TOOL_SPAN_KINDS,
+    USAGE_ATTRIBUTES,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.sdk._run import Run
+    from guard.sdk._runtime import Runtime
+    from guard.sdk._step import Step
+
+__all__ = ["CallLedger", "ForeignSpans", "RunCalls"]
+
+log = logging.getLogger("guard.sdk")
+
+_AFTER_MODEL, _CONTINUE = Phase.AFTER_MODEL_CALL, Action.CONTINUE
+_current_run_get = _current_run.get
+_OWNERS_MAX = 65_536  # open third-party spans tracked at once (a leak is forgotten, not grown)
+_SEEN_MAX = 256  # counted span ids kept per run (parents end within a few calls)
+_TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "reasoning_tokens")
+_USAGE = tuple((f, USAGE_ATTRIBUTES[f]) for f in _TOKENS)
+_ATTR = {f: USAGE_ATTRIBUTES[f] for f in ("model", "response_model", "response_id", "operation")}
+_TOOL_NAME_KEYS = USAGE_ATTRIBUTES["tool_name"]
+_TOOL_MARKS = USAGE_ATTRIBUTES["tool_name"][:2]  # a span naming a tool is a tool call
+_TOKEN_KEYS = frozenset(k for f in (*_TOKENS, "cache_write_tokens") for k in USAGE_ATTRIBUTES[f])
+_TOOL_ID_KEYS = USAGE_ATTRIBUTES["tool_call_id"]
+
+
+def _first(attrs: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        v = attrs.get(k)
+        if v is not None:
+            return v
+    return None
+
+
+class CallLedger:
+    """A step's model calls, as both sides reported them, until the other side does.
+
+    ``counted``: calls counted from a third-party span that no ``step.model_call`` claimed
+    yet; ``recorded``: explicit ``step.model_call`` records that no third-party span matched
+    yet. An entry is ``(response_id, input_tokens, output_tokens, cost_usd)``. Created on a
+    step when a third-party span starts in it, so steps without one pay nothing.
+    """
+
+    __slots__ = ("counted", "recorded")
+
+    def __init__(self) -> None:
+        self.counted: list[tuple[str | None, int, int, float | None]] = []
+        self.recorded: list[tuple[str | None, int, int, float | None]] = []
+
+    @staticmethod
+    def _take(entries: list, response_id: str | None, inp: int, out: int) -> Any:
+        for i, (rid, i_tok, o_tok, _cost) in enumerate(entries):
+            # both have a response id: it decides; else the counters do
+            if rid == response_id if response_id and rid else (i_tok, o_tok) == (inp, out):
+                return entries.pop(i)
+        return None
+
+    def claim(self, response_id: str | None, inp: int, out: int) -> Any:
+        """The counted third-party call this explicit record reports again, or ``None``."""
+        return self._take(self.counted, response_id, inp, out)
+
+    def matches_recorded(self, response_id: str | None, inp: int, out: int) -> bool:
+        """True when a third-party span reports a call the step already recorded."""
+        return self._take(self.recorded, response_id, inp, out) is not None
+
+
+class RunCalls:
+    """Per run: ids of counted third-party model spans and of their parents (aggregates), the
+    parents of counted tool spans, and how many tool calls were counted from spans."""
+
+    __slots__ = ("parents", "spans", "tool_parents", "tools")
+
+    def __init__(self) -> None:
+        self.spans: dict[int, None] = {}
+        self.parents: dict[int, None] = {}
+        self.tool_parents: dict[int, None] = {}
+        self.tools = 0
+
+    def add(self, span_id: int, parent_id: int, tool: bool = False) -> None:
+        pairs = (
+            ((self.tool_parents, parent_id),)
+            if tool
+            else (
+                (self.spans, span_id),
+                (self.parents, parent_id),
+            )
+        )
+        for seen, key in pairs:
+            if key:
+                seen[key] = None
+                if len(seen) > _SEEN_MAX:
+                    del seen[next(iter(seen))]
+
+
+def _calls_of(run: Run) -> RunCalls:
+    calls = run.foreign_calls
+    if calls is None:
+        calls = run.foreign_calls = RunCalls()
+    return calls
+
+
+def _native_tools(run: Run) -> int:
+    """Tool calls the run recorded itself (``@guard.tool``, ``step.tool_call``)."""
+    calls = run.foreign_calls
+    return run.budget.usage().tool_calls - (calls.tools if calls is not None else 0)
+
+
+class _Owner:
+    """The run and step a third-party span started in; tool spans also the run's own tool
+    count then (a ``@guard.tool`` recorded while the span was open makes it a duplicate)."""
+
+    __slots__ = ("run", "step", "tools")
+
+    def __init__(self, run: Run, step: Step | None, tools: int | None) -> None:
+        self.run = run
+        self.step = step
+        self.tools = tools
+
+
+def _is_tool(name: str, attrs: Any) -> bool:
+    op = attrs.get(A.OPERATION)
+    if op in MODEL_OPERATIONS or attrs.get("openinference.span.kind") == "LLM":
+        return False  # a model call, whatever tool it names
+    return (
+        op == "execute_tool"
+        or name.startswith("execute_tool")
+        or any(attrs.get(k) == v for k, v in TOOL_SPAN_KINDS.items())
+        or _first(attrs, _TOOL_MARKS) is not None
+    )
+
+
+def _parsed(value: Any) -> Any:
+    """A JSON text as its structure (so canonicalisation sees keys and values), else as is."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            pass
+    return value
+
+
+def stamped(span: ReadableSpan, extra: dict[str, Any] | None) -> ReadableSpan:
+    """A copy of an ended span for the guard's export only: with ``extra`` attributes added,
+    or (``None``) without its token counters (a call counted from another span)."""
+    attrs = span.attributes or {}
+    if extra is None:
+        attrs = {k: v for k, v in attrs.items() if k not in _TOKEN_KEYS}
+    else:
+        attrs = {**attrs, **extra}
+    return copy_span(span, attrs)
+
+
+class ForeignSpans(SpanProcessor):
+    """Counts third-party spans of guarded runs (module doc); forwards every span, stamped or
+    dropped as it says, to ``forward`` (the export to the guard), when there is one.
+
+    Counters: ``model_calls`` and ``tool_calls`` counted, ``duplicates`` not counted again,
+    ``errors`` (a span that could not be counted: logged, never raised).
+    """
+
+    def __init__(self, rt: Runtime, forward: SpanProcessor | None = None) -> None:
+        self._rt = rt
+        # our own spans (the SDK Tracer's one scope object on each of them): skipped at once
+        self._scope = getattr(rt.tracer, "_instrumentation_scope", None)
+        self._forward = forward
+        self._owners: dict[int, _Owner] = {}
+        self.model_calls = 0
+        self.tool_calls = 0
+        self.duplicates = 0
+        self.errors = 0
+
+    # SpanProcessor interface ---------------------------------------------------------------
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        # every span of the provider comes here: the cheapest tests first (outside a run one
+        # context-variable read; our own spans one identity test more)
+        run = _current_run_get()
+        if run is None or span._instrumentation_scope is self._scope:
+            return
+        if run.rt is not self._rt or not run.live:
+            return
+        step = current_step()
+        if step is not None and (step.run is not run or step.span is None):
+            step = None
+        attrs = span.attributes or {}
+        tools = _native_tools(run) if _is_tool(span.name, attrs) else None
+        if step is not None and step.calls is None:
+            step.calls = CallLedger()  # steps with a third-party span keep a ledger
+        if len(self._owners) >= _OWNERS_MAX:
+            self._owners.clear()
+        self._owners[span.context.span_id] = _Owner(run, step, tools)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        out = span
+        if self._owners and span._instrumentation_scope is not self._scope:
+            owner = self._owners.pop(span._context.span_id, None)
+            if owner is not None and owner.run.live:
+                try:
+                    out = self._count(span, owner)
+                except Exception:
+                    self.errors += 1
+                    log.warning("otel-guard: could not count span %r", span.name, exc_info=True)
+        if self._forward is not None:
+            self._forward.on_end(out)
+
+    def shutdown(self) -> None:
+        if self._forward is not None:
+            self._forward.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._forward.force_flush(timeout_millis) if self._forward is not None else True
+
+    # counting ----------------------------------------------------------------------------------
+    def _count(self, span: ReadableSpan, owner: _Owner) -> ReadableSpan:
+        attrs = span.attributes or {}
+        if owner.tools is not None or _is_tool(span.name, attrs):
+            return self._tool(span, attrs, owner)
+        usage = {f: _first(attrs, keys) for f, keys in _USAGE}
+        if usage["input_tokens"] is None and usage["output_tokens"] is None:
+            return span  # not a model call (HTTP, DB, a chain): the guard's filters decide
+        info = {f: _first(attrs, keys) for f, keys in _ATTR.items()}
+        if info["operation"] in AGGREGATE_OPERATIONS:
+            return span  # an agent / workflow total: its calls count on their own spans
+        return self._model(span, usage, info, owner)
+
+    def _model(
+        self, span: ReadableSpan, usage: dict[str, Any], info: dict[str, Any], owner: _Owner
+    ) -> ReadableSpan:
+        run, step = owner.run, owner.step
+        inp, out, cached, reasoning = (_count_of(usage[f]) for f in _TOKENS)
+        cached = min(cached, inp)
+        reasoning = min(reasoning, out)
+        response_id = info["response_id"] if isinstance(info["response_id"], str) else None
+        span_id = span.context.span_id
+        parent_id = span.parent.span_id if span.parent is not None else 0
+        calls = _calls_of(run)
+        ledger = step.calls if step is not None else None
+        if (
+            span_id in calls.parents
+            or (parent_id and parent_id in calls.spans)
+            or (ledger is not None and ledger.matches_recorded(response_id, inp, out))
+        ):
+            self.duplicates += 1
+            return stamped(span, None)  # the guard counts the call once, from the other span
+        model = info["model"] or info["response_model"] or ""
+        rt = run.rt
+        cost = (
+            rt.cost_usd(model, input_tokens=inp, output_tokens=out, cached_tokens=cached)
+            if model
+            else None
+        )
+        sres = current_reservation.get()
+        settles = sres.take() if sres is not None and sres.run is run else None
+        seq, d = run.budget.model_call_quick(
+            inp, out, reasoning, cached, cost, run.soft._level, settles
+        )
+        self.model_calls += 1
+        calls.add(span_id, parent_id)
+        if ledger is not None:
+            ledger.counted.append((response_id, inp, out, cost))
+        run.did_work = True
+        if d is not None and d.action is not _CONTINUE:
+            run.apply(d, raise_now=False)  # raised at the run's next SDK call
+        if run.parent is not None:
+            run._check_ancestors(_AFTER_MODEL, raise_now=False)
+        al = run.root.allowance
+        if al is not None and settles is None:
+            tenant_after_call(run, al, cost, inp + out)
+        extra: dict[str, Any] = {A.RUN_ID: run.run_id}
+        if run.numbered:
+            extra[A.SEQ] = seq
+        if cost is not None:
+            extra[A.COST_USD] = cost
+        return stamped(span, extra)
+
+    def _tool(self, span: ReadableSpan, attrs: Any, owner: _Owner) -> ReadableSpan:
+        run, step = owner.run, owner.step
+        name = _first(attrs, _TOOL_NAME_KEYS)
+        if not isinstance(name, str) or not name:
+            name = span.name[13:] if span.name.startswith("execute_tool ") else span.name
+        calls = _calls_of(run)
+        span_id = span.context.span_id
+        if span_id in calls.tool_parents or (
+            owner.tools is not None and _native_tools(run) > owner.tools and run.last_tool == name
+        ):
+            # a tool span inside it was counted, or @guard.tool recorded it while it was open:
+            # it goes out as it is (no usage, no run id: the guard does not count it)
+            self.duplicates += 1
+            return span
+        args = _first(attrs, TOOL_ARGUMENTS)
+        result = _first(attrs, TOOL_RESULTS)
+        result = MISSING if result is None else _parsed(result)
+        if result is MISSING and span.status.status_code is StatusCode.ERROR:
+            result = {"error": attrs.get(A.ERROR_TYPE) or "error"}
+        call_id = _first(attrs, _TOOL_ID_KEYS)
+        extra: dict[str, Any] = {}
+        calls.tools += 1  # first: a count in between never looks like a call of the run's own
+        record_tool_call(
+            run,
+            run.ctx,
+            step,
+            name,
+            _parsed(args),
+            result,
+            call_id=call_id if isinstance(call_id, str) else None,
+            span_attrs=extra,
+        )
+        self.tool_calls += 1
+        calls.add(span_id, span.parent.span_id if span.parent is not None else 0, tool=True)
+        if step is not None and step.span is not None:
+            step.tool_calls += 1
+        return stamped(span, extra)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "foreign_model_calls": self.model_calls,
+            "foreign_tool_calls": self.tool_calls,
+            "foreign_duplicates": self.duplicates,
+            "foreign_errors": self.errors,
+        }
+
+
+def _count_of(value: Any) -> int:
+    """A token counter from a span: a non-negative int (bools, floats with a fraction, text
+    and negatives count as 0; the guard refuses such a span on its side)."""
+    if type(value) is int and value > 0:
+        return value
+    if type(value) is float and value > 0 and value.is_integer():
+        return int(value)
+    return 0

@@ -1,0 +1,33 @@
+"""The guard's live view of one run (``GuardAdmin.ListRuns``): what it counted from the spans."""
+
+from __future__ import annotations
+
+import time
+
+import guard
+from guard.cli._client import AdminClient
+
+__all__ = ["live_view"]
+
+
+def live_view(address: str, run_id: str, model_calls: int) -> dict[str, int]:
+    """Call inside the run, after its calls: the guard's usage of it once it counted
+    ``model_calls`` model calls (bounded wait), read again a moment later, when a second count
+    of any of them would have arrived too."""
+
+    def read() -> dict[str, int]:
+        with AdminClient(address) as c:
+            for r in c.list_runs().runs:
+                if r.run_id == run_id:
+                    u = r.usage
+                    tokens = u.input_tokens + u.output_tokens
+                    return {"model_calls": u.model_calls, "tokens": tokens}
+        return {"model_calls": 0, "tokens": 0}
+
+    guard.flush(10)
+    deadline = time.monotonic() + 10
+    while read()["model_calls"] < model_calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    guard.flush(10)
+    return read()
