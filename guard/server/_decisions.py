@@ -1,9 +1,9 @@
 """Turning policy decisions into commands: warn, wrap_up and cancel, per run and per tenant.
 
-Mixed into :class:`guard.server._registry.Registry`. The policy engine decides; this module
-only routes: soft levels go through ``SoftLevel`` (each pushed once), a stop becomes one
-cancel (a run is cancelled at most once per reason-holder), and every command yields a
-``DecisionRecord`` written when the agent acks it.
+A part of :class:`guard.server._registry.Registry` (``registry.decisions``). The policy
+engine decides; this module only routes: soft levels go through ``SoftLevel`` (each pushed
+once), a stop becomes one cancel (a run is cancelled at most once per reason-holder), and
+every command yields a ``DecisionRecord`` written when the agent acks it.
 
 Forecast warning (our call, documented in the README): after each step the guard fits the
 run's input tokens per step (B + (n-1)·D); when the fit says the token or cost budget runs
@@ -14,17 +14,30 @@ with reason token_budget / cost_budget and the forecast numbers, early enough to
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from guard.errors import InvalidInput
 from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
 from guard.records import DecisionRecord
 from guard.server._auth import Principal
 from guard.server._status import PermissionDenied, UnknownRun
 
 if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy import PolicyConfig
+    from guard.server._fanout import AgentSession, DecisionLog
+    from guard.server._parts import DirectiveBus
     from guard.server._state import RunState
+    from guard.server._table import RunTable
+    from guard.v1 import guard_pb2 as pb
 
-__all__ = ["FORECAST_HORIZON_STEPS", "SELECTOR_DENY_S", "Decisions", "decision_record"]
+__all__ = [
+    "FORECAST_HORIZON_STEPS",
+    "SELECTOR_DENY_S",
+    "DecisionRouter",
+    "EndRun",
+    "decision_record",
+]
 
 FORECAST_HORIZON_STEPS = 2
 # A fleet cancel by selector denies matching runs that start on this replica for this long
@@ -93,18 +106,56 @@ def decision_record(
     )
 
 
-class Decisions:
-    """Decision routing (mixin; expects the Registry's attributes)."""
+def _cancel_record(
+    run: RunState,
+    reason: Reason,
+    detail: str,
+    util: float | None,
+    metric: str | None,
+    by: DecidedBy,
+) -> DecisionRecord:
+    return decision_record(
+        run.run_id, run.tenant, run.agent, "cancel", reason.value, detail, util, metric, by.value
+    )
 
-    runs: dict[str, RunState]
-    by_tenant: dict[str, set[str]]
-    log: Any
-    budgets: Any
-    bus: Any
-    config: Any
-    stats: dict[str, int]
-    _tenant_cut: dict[str, float]
-    _denials: dict[tuple[str, str, str | None], tuple[float, str]]
+
+class EndRun(Protocol):
+    """Ends a run on the guard's side and writes its record (``Lifecycle.end_run``)."""
+
+    def __call__(
+        self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
+    ) -> Any: ...
+
+
+class DecisionRouter:
+    """Builds and routes the decisions of the runs in ``table``: soft levels, stops, tenant
+    cuts, operator and fleet cancels. Delivers through ``bus`` (the record is written on the
+    agent's ack) or writes the record to ``log`` at once; a stop nobody can be told of is
+    ended through ``end_run``."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        table: RunTable,
+        bus: DirectiveBus,
+        log: DecisionLog,
+        *,
+        end_run: EndRun,
+        clock: Callable[[], float],
+        stats: dict[str, int],
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.runs = table.runs
+        self.by_tenant = table.by_tenant
+        self.bus = bus
+        self.log = log
+        self.end_run = end_run
+        self.clock = clock
+        self.stats = stats
+        self._tenant_cut: dict[str, float] = {}
+        # fleet cancels by selector being carried out (see deny_starts)
+        self._denials: dict[tuple[str, str, str | None], tuple[float, str]] = {}
 
     def issue(self, run: RunState, action: str, reason: str, detail: str, util, metric) -> None:
         """Push warn / wrap_up to the run's agent (recorded; dropped if unreachable)."""
@@ -141,23 +192,39 @@ class Decisions:
         run.stop_detail = detail
         run.stop_by = by
         if record is None:
-            record = decision_record(
-                run.run_id,
-                run.tenant,
-                run.agent,
-                "cancel",
-                reason.value,
-                detail,
-                util,
-                metric,
-                by.value,
-            )
+            record = _cancel_record(run, reason, detail, util, metric, by)
         if self._route(run, record):
             return
         # Nobody to tell: the operator's word ends it now. A provisional run's agent is about
         # to re-register: the cancel reaches it then (Registry._adopt), or the sweep ends it.
         if by is DecidedBy.OPERATOR and not run.provisional:
             self.end_run(run, Status.CANCELLED, Reason.OPERATOR_CANCEL, detail, by)
+
+    def resend_stop(self, run: RunState) -> None:
+        """Send the cancel of a stopping run again, through the bus: its stream moved to
+        another replica, and the cancel sent to the old holder may have died with it (the
+        new holder drops it if its run is already stopping)."""
+        if run.stop_reason is not None:
+            by = run.stop_by if run.stop_by is not None else DecidedBy.GUARD
+            record = _cancel_record(run, run.stop_reason, run.stop_detail, None, None, by)
+            self.bus.deliver(run, record)
+
+    def deny(
+        self,
+        session: AgentSession,
+        rs: pb.RunStarted,
+        tenant: str,
+        reason: str,
+        detail: str,
+        util: float | None = None,
+        metric: str | None = None,
+    ) -> None:
+        """Answer a registration with Deny (its record is written on the agent's ack)."""
+        self.stats["denied"] += 1
+        record = decision_record(
+            rs.run_id, tenant, rs.agent, "deny", reason, detail, util, metric, "guard"
+        )
+        session.push(record, request_id=rs.request_id)
 
     def act(self, run: RunState, d: Decision, verdict: Any = None) -> None:
         """Route one decision of ``run``'s budget."""
@@ -224,7 +291,7 @@ class Decisions:
         name."""
         detail = detail or "cancelled by operator"
         if target == "run_id":
-            runs = [self.get(value, principal)]  # another tenant's run: NOT_FOUND, as unknown
+            runs = [self.table.live(value, principal)]  # another tenant's: NOT_FOUND, as unknown
             if runs[0].remote is not None:
                 raise UnknownRun(f"run {value[:64]!r} is not live on this guard")
         elif target == "tenant":
@@ -241,8 +308,6 @@ class Decisions:
                 raise PermissionDenied("cancel --all needs the admin token")
             runs = list(self.runs.values())
         else:
-            from guard.errors import InvalidInput
-
             raise InvalidInput("selector is empty: give run_id, tenant, agent or all")
         ids = []
         for run in runs:
@@ -277,26 +342,6 @@ class Decisions:
             reason, by = Reason.ERROR, DecidedBy.GUARD
         self.stop_run(run, reason, record.detail, None, None, by, record)
 
-    def fleet_apply(self, query: dict[str, Any]) -> dict[str, Any]:
-        """One replica's part of a fleet Cancel / ListRuns (``guard.server._redis._fleet``),
-        with the caller's principal: the ids it cancelled, or its runs' statuses."""
-        principal = Principal(tenant=query.get("tenant"), admin=bool(query.get("admin")))
-        if query.get("op") == "list":
-            from guard.server._admin import local_statuses
-
-            statuses, total = local_statuses(
-                self, query.get("scope") or "", query.get("agent") or "", int(query["limit"])
-            )
-            return {"runs": [s.SerializeToString().hex() for s in statuses], "total": total}
-        target, value, detail = query["target"], query["value"], query.get("detail") or ""
-        try:
-            ids = self.cancel(target, value, detail, principal)
-        except (UnknownRun, PermissionDenied):
-            return {"ids": []}
-        if target != "run_id":  # after the permission checks (a refused cancel denies nothing)
-            self.deny_starts(target, value, principal, detail)
-        return {"ids": ids}
-
     def deny_starts(self, target: str, value: Any, principal: Principal, detail: str) -> None:
         """While a fleet cancel by selector is carried out, runs matching it that start here
         are denied (see :meth:`cancelling`)."""
@@ -323,8 +368,3 @@ class Decisions:
             ):
                 return detail
         return None
-
-    # provided by Registry / Lifecycle
-    clock: Any
-    end_run: Any
-    get: Any
