@@ -32,14 +32,13 @@ from guard.server._auth import Principal
 from guard.server._decisions import DecisionRouter
 from guard.server._fanout import AgentSession
 from guard.server._rejoin import Rejoin
+from guard.server._scope import RunPart, Scope
 from guard.server._state import RunState, SeqGate
 from guard.v1 import guard_pb2 as pb
 from guard.wire import admit_to_pb, limits_from_pb, usage_from_pb
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.policy import PolicyConfig
     from guard.server._parts import RunDirectory, TenantBudgets
-    from guard.server._table import RunTable
 
 __all__ = ["Admission"]
 
@@ -72,15 +71,14 @@ class _Registration:
     restored: Any = None  # the re-registered run's usage snapshot
 
 
-class Admission:
+class Admission(RunPart):
     """Admits the runs of ``table`` and keeps the agent ``sessions``. Rebuilds re-registered
     runs through ``rejoin``, stops runs through ``decisions`` and untracks the run a
     registration replaces through ``forget`` (``Lifecycle.forget``)."""
 
     def __init__(
         self,
-        config: PolicyConfig,
-        table: RunTable,
+        scope: Scope,
         budgets: TenantBudgets,
         directory: RunDirectory,
         *,
@@ -88,21 +86,14 @@ class Admission:
         rejoin: Rejoin,
         forget: Callable[[RunState], None],
         sessions: set[AgentSession],
-        clock: Callable[[], float],
-        stats: dict[str, int],
     ) -> None:
-        self.config = config
-        self.table = table
-        self.runs = table.runs
-        self.ended = table.ended
+        super().__init__(scope)
         self.budgets = budgets
         self.directory = directory
         self.decisions = decisions
         self.rejoin = rejoin
         self._forget = forget
         self.sessions = sessions
-        self.clock = clock
-        self.stats = stats
 
     def _check_id(self, run_id: str) -> None:
         if not run_id:

@@ -14,21 +14,19 @@ with reason token_budget / cost_budget and the forecast numbers, early enough to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guard.errors import InvalidInput
 from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
 from guard.records import DecisionRecord
 from guard.server._auth import Principal
+from guard.server._scope import RunPart, Scope
 from guard.server._status import PermissionDenied, UnknownRun
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.policy import PolicyConfig
     from guard.server._fanout import AgentSession, DecisionLog
     from guard.server._parts import DirectiveBus
     from guard.server._state import RunState
-    from guard.server._table import RunTable
     from guard.v1 import guard_pb2 as pb
 
 __all__ = [
@@ -106,19 +104,6 @@ def decision_record(
     )
 
 
-def _cancel_record(
-    run: RunState,
-    reason: Reason,
-    detail: str,
-    util: float | None,
-    metric: str | None,
-    by: DecidedBy,
-) -> DecisionRecord:
-    return decision_record(
-        run.run_id, run.tenant, run.agent, "cancel", reason.value, detail, util, metric, by.value
-    )
-
-
 class EndRun(Protocol):
     """Ends a run on the guard's side and writes its record (``Lifecycle.end_run``)."""
 
@@ -127,32 +112,18 @@ class EndRun(Protocol):
     ) -> Any: ...
 
 
-class DecisionRouter:
+class DecisionRouter(RunPart):
     """Builds and routes the decisions of the runs in ``table``: soft levels, stops, tenant
     cuts, operator and fleet cancels. Delivers through ``bus`` (the record is written on the
     agent's ack) or writes the record to ``log`` at once; a stop nobody can be told of is
     ended through ``end_run``."""
 
-    def __init__(
-        self,
-        config: PolicyConfig,
-        table: RunTable,
-        bus: DirectiveBus,
-        log: DecisionLog,
-        *,
-        end_run: EndRun,
-        clock: Callable[[], float],
-        stats: dict[str, int],
-    ) -> None:
-        self.config = config
-        self.table = table
-        self.runs = table.runs
-        self.by_tenant = table.by_tenant
+    def __init__(self, scope: Scope, bus: DirectiveBus, log: DecisionLog, *, end_run: EndRun):
+        super().__init__(scope)
+        self.by_tenant = scope.table.by_tenant
         self.bus = bus
         self.log = log
         self.end_run = end_run
-        self.clock = clock
-        self.stats = stats
         self._tenant_cut: dict[str, float] = {}
         # fleet cancels by selector being carried out (see deny_starts)
         self._denials: dict[tuple[str, str, str | None], tuple[float, str]] = {}
@@ -192,7 +163,17 @@ class DecisionRouter:
         run.stop_detail = detail
         run.stop_by = by
         if record is None:
-            record = _cancel_record(run, reason, detail, util, metric, by)
+            record = decision_record(
+                run.run_id,
+                run.tenant,
+                run.agent,
+                "cancel",
+                reason.value,
+                detail,
+                util,
+                metric,
+                by.value,
+            )
         if self._route(run, record):
             return
         # Nobody to tell: the operator's word ends it now. A provisional run's agent is about
@@ -205,8 +186,11 @@ class DecisionRouter:
         another replica, and the cancel sent to the old holder may have died with it (the
         new holder drops it if its run is already stopping)."""
         if run.stop_reason is not None:
-            by = run.stop_by if run.stop_by is not None else DecidedBy.GUARD
-            record = _cancel_record(run, run.stop_reason, run.stop_detail, None, None, by)
+            by = run.stop_by.value if run.stop_by is not None else DecidedBy.GUARD.value
+            reason, detail = run.stop_reason.value, run.stop_detail
+            record = decision_record(
+                run.run_id, run.tenant, run.agent, "cancel", reason, detail, None, None, by
+            )
             self.bus.deliver(run, record)
 
     def deny(

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
+from guard.server._scope import RunPart, Scope
 from guard.server._table import ENDED_MEMORY
 from guard.wire import record_ack_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.policy import PolicyConfig
     from guard.server._auth import Principal
     from guard.server._fanout import AgentSession
     from guard.server._parts import RunDirectory, TenantBudgets
     from guard.server._state import RunState
-    from guard.server._table import RunTable
 
 __all__ = ["ENDED_MEMORY", "Lifecycle"]  # ENDED_MEMORY: see _table
 
@@ -31,7 +29,7 @@ log = logging.getLogger("guard.server")
 SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
 
 
-class Lifecycle:
+class Lifecycle(RunPart):
     """How the runs in ``table`` end: each way out gives back what the run held (the
     tenant's slot and grant in ``budgets``, its stream's entry in ``directory``) and writes
     its one record to ``sink``; the periodic :meth:`sweep` ends what its agent left behind
@@ -39,29 +37,21 @@ class Lifecycle:
 
     def __init__(
         self,
-        config: PolicyConfig,
-        table: RunTable,
+        scope: Scope,
         budgets: TenantBudgets,
         directory: RunDirectory,
         sink: Any,
         *,
         sessions: set[AgentSession],
-        clock: Callable[[], float],
-        stats: dict[str, int],
     ) -> None:
-        self.config = config
-        self.table = table
-        self.runs = table.runs
-        self.ended = table.ended
-        self.detached = table.detached
-        self.span_only = table.span_only
+        super().__init__(scope)
+        self.detached = scope.table.detached
+        self.span_only = scope.table.span_only
         self.budgets = budgets
         self.directory = directory
         self.sink = sink
         self.sessions = sessions
-        self.clock = clock
-        self.stats = stats
-        self.grace_s = float(config.guard.agent_grace_s)
+        self.grace_s = float(scope.config.guard.agent_grace_s)
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with

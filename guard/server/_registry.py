@@ -47,6 +47,7 @@ from guard.server._parts import (
     local_parts,
 )
 from guard.server._rejoin import Rejoin
+from guard.server._scope import Scope
 from guard.server._state import RunState
 from guard.server._status import PermissionDenied, UnknownRun
 from guard.server._table import RunTable
@@ -104,33 +105,26 @@ class Registry:
         self.budgets: TenantBudgets = chosen.budgets
         self.directory: RunDirectory = chosen.directory
         self.bus: DirectiveBus = chosen.bus
-        common: dict[str, Any] = {"clock": clock, "stats": self.stats}
-        self.lifecycle = life = Lifecycle(
-            config, t, self.budgets, self.directory, sink, sessions=self.sessions, **common
-        )
-        self.decisions = dec = DecisionRouter(
-            config, t, self.bus, self.log, end_run=life.end_run, **common
-        )
+        scope = Scope(config, t, clock, self.stats)
+        budgets, directory = self.budgets, self.directory
+        self.lifecycle = life = Lifecycle(scope, budgets, directory, sink, sessions=self.sessions)
+        self.decisions = dec = DecisionRouter(scope, self.bus, self.log, end_run=life.end_run)
         self.rejoin = rej = Rejoin(
-            config,
-            t,
-            self.budgets,
-            self.directory,
+            scope,
+            budgets,
+            directory,
             decisions=dec,
             ingest=self.ingest,  # through the applier the registry has then (tests swap it)
             forget=life.forget,
-            **common,
         )
         self.admission = adm = Admission(
-            config,
-            t,
-            self.budgets,
-            self.directory,
+            scope,
+            budgets,
+            directory,
             decisions=dec,
             rejoin=rej,
             forget=life.forget,
             sessions=self.sessions,
-            **common,
         )
         # admission and sessions (the control servicer)
         self.register, self.hello, self.detach = adm.register, adm.hello, adm.detach

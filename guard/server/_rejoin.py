@@ -19,16 +19,15 @@ from typing import TYPE_CHECKING, Any
 from guard.policy import Budget, DecidedBy, LoopDetector, Reason
 from guard.server._auth import Principal
 from guard.server._decode import SEQ, TENANT, Decoded
+from guard.server._scope import RunPart, Scope
 from guard.server._state import SeqGate
 from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.policy import PolicyConfig
     from guard.server._decisions import DecisionRouter
     from guard.server._decode import Observation
     from guard.server._parts import RunDirectory, TenantBudgets
     from guard.server._state import RunState
-    from guard.server._table import RunTable
 
 # the registry's span path, for the spans a provisional run kept (Registry.ingest: the
 # applier it has at the time of the call)
@@ -40,37 +39,29 @@ _MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that 
 _MAX_ID = 256
 
 
-class Rejoin:
-    """Re-registration and provisional and remote runs of ``table``. Counts the spans a
+class Rejoin(RunPart):
+    """Re-registration and provisional and remote runs of the table. Counts the spans a
     provisional run kept through ``ingest``, carries an operator's cancel over (and sends it
-    again when the stream of a remote run moves) through ``decisions``, and untracks runs through ``forget``
-    (``Lifecycle.forget``)."""
+    again when the stream of a remote run moves) through ``decisions``, and untracks runs
+    through ``forget`` (``Lifecycle.forget``)."""
 
     def __init__(
         self,
-        config: PolicyConfig,
-        table: RunTable,
+        scope: Scope,
         budgets: TenantBudgets,
         directory: RunDirectory,
         *,
         decisions: DecisionRouter,
         ingest: Ingest,
         forget: Callable[[RunState], None],
-        clock: Callable[[], float],
-        stats: dict[str, int],
     ) -> None:
-        self.config = config
-        self.table = table
-        self.runs = table.runs
-        self.ended = table.ended
+        super().__init__(scope)
         self.budgets = budgets
         self.directory = directory
         self.decisions = decisions
         self.ingest = ingest
         self._forget = forget
-        self._remember_ended = table.remember_ended
-        self.clock = clock
-        self.stats = stats
+        self._remember_ended = scope.table.remember_ended
 
     def restore_usage(self, run: RunState, u: Any) -> None:
         """Set (never add) the run's own counters from its agent's snapshot. A parent's
