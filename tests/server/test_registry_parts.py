@@ -173,3 +173,44 @@ def test_a_run_status_survives_the_trip_between_replicas() -> None:
     assert isinstance(text, str) and run_status_from_hex(text) == status
     with pytest.raises(ValueError):
         run_status_from_hex("not hex")
+
+
+def _pending(session) -> list:
+    """The decision records a session holds until its agent acks them, in send order."""
+    return [record for _, (_, record) in sorted(session.pending.items())]
+
+
+def test_the_router_builds_the_deny_and_the_resent_cancel(registry: Registry) -> None:
+    from guard.policy import DecidedBy, Reason
+    from guard.server._auth import ANONYMOUS
+    from guard.server._fanout import AgentSession
+
+    session = AgentSession("s", None, registry.log)
+    registry.hello(session, pb.Hello(process_id="p", tenant="acme"), ANONYMOUS)
+    registry.register(session, pb.RunStarted(run_id="r1", tenant="acme", agent="bot"), ANONYMOUS)
+    registry.register(session, pb.RunStarted(run_id="r1", tenant="acme"), ANONYMOUS)  # attach
+    run = registry.runs["r1"]
+    registry.stop_run(
+        run, Reason.MAX_STEPS, "max_steps 3 reached (steps=3)", 1.0, "steps", DecidedBy.GUARD
+    )
+    # its stream moved to another replica: the cancel is sent again, the same decision
+    registry.remote_moved(run, "g2")
+    # an ended id is denied (through the router: counted, recorded on the ack)
+    registry.end_run(run, run.stop_reason, run.stop_reason, run.stop_detail, DecidedBy.GUARD)
+    registry.register(session, pb.RunStarted(run_id="r1", tenant="acme"), ANONYMOUS)
+    first, again, deny = _pending(session)
+    assert (first.action, first.reason, first.decided_by, first.agent) == (
+        "cancel",
+        "max_steps",
+        "guard",
+        "bot",
+    )
+    assert (again.action, again.reason, again.detail, again.decided_by, again.tenant) == (
+        "cancel",
+        "max_steps",
+        "max_steps 3 reached (steps=3)",
+        "guard",
+        "acme",
+    )
+    assert (deny.action, deny.reason, deny.detail) == ("deny", "error", "run_id already ended")
+    assert registry.stats["denied"] == 1
