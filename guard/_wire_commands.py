@@ -1,14 +1,16 @@
 """Conversions for the guard's own messages: its commands to agents and its admin answers.
 
-Part of :mod:`guard.wire` (which re-exports every name here); kept apart so each stays small.
-The server builds ``guard.v1`` messages only through these functions: an ``Admit``, a
+Part of :mod:`guard.wire` (which re-exports every name here); kept apart so each stays
+small. The server builds ``guard.v1`` messages only through these functions: an ``Admit``, a
 ``Directive`` (warn, wrap_up, cancel, deny), an ``Allowance``, a ``RecordAck``, the
-``Welcome``, a ``RunStatus`` and a ``TenantBudget``. Unknown (``None``) travels as the
-proto's zero value where the field is not ``optional``, as before.
+``Welcome``, a ``RunStatus`` and a ``TenantBudget``, and the ``GuardAdmin`` answers that
+hold them (one replica's run statuses travel between replicas as hex text). Unknown
+(``None``) travels as the proto's zero value where the field is not ``optional``, as before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from guard.policy._types import Limits, Usage
@@ -17,11 +19,17 @@ from guard.v1 import guard_pb2 as pb
 __all__ = [
     "admit_to_pb",
     "allowance_to_pb",
+    "cancel_response_to_pb",
     "directive_to_pb",
     "envelope_to_pb",
+    "list_runs_response_to_pb",
     "record_ack_to_pb",
+    "run_status_from_hex",
+    "run_status_to_hex",
     "run_status_to_pb",
+    "stats_response_to_pb",
     "tenant_budget_to_pb",
+    "tenant_budgets_response_to_pb",
     "welcome_to_pb",
 ]
 
@@ -154,3 +162,37 @@ def tenant_budget_to_pb(
         msg.windows.add(metric=metric, window_s=window_s, used=used, limit=limit)
     msg.exhausted = exhausted
     return msg
+
+
+# -- GuardAdmin answers --------------------------------------------------------------------
+def cancel_response_to_pb(run_ids: Iterable[str]) -> pb.CancelResponse:
+    """The runs a Cancel reached (their agents have the cancel; RunEnded records it)."""
+    return pb.CancelResponse(run_ids=run_ids)
+
+
+def list_runs_response_to_pb(statuses: Iterable[pb.RunStatus], total: int) -> pb.ListRunsResponse:
+    """At most ``limit`` run statuses (:func:`run_status_to_pb`) and how many runs matched."""
+    return pb.ListRunsResponse(runs=statuses, total=total)
+
+
+def tenant_budgets_response_to_pb(
+    tenants: Iterable[pb.TenantBudget],
+) -> pb.TenantBudgetsResponse:
+    """Tenant budgets (:func:`tenant_budget_to_pb`), one per tenant asked about."""
+    return pb.TenantBudgetsResponse(tenants=tenants)
+
+
+def stats_response_to_pb(guard_id: str, figures: Mapping[str, float]) -> pb.StatsResponse:
+    """The guard's named figures (units in their names)."""
+    return pb.StatsResponse(guard_id=guard_id, figures=figures)
+
+
+def run_status_to_hex(status: pb.RunStatus) -> str:
+    """A run status as text for a replica's answer to a fleet ListRuns (JSON over Redis)."""
+    return status.SerializeToString().hex()
+
+
+def run_status_from_hex(text: str) -> pb.RunStatus:
+    """The inverse of :func:`run_status_to_hex`; raises ``ValueError`` (or protobuf's
+    ``DecodeError``) on text that is not one."""
+    return pb.RunStatus.FromString(bytes.fromhex(text))

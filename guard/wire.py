@@ -22,7 +22,6 @@ from guard.bounds import (
     MAX_COUNTER,
     MAX_ID_CHARS,
     MAX_LIMIT_S,
-    MAX_RUNS_PER_MESSAGE,
     MAX_TEXT_CHARS,
     check_count,
     check_finite,
@@ -50,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "admit_to_pb",
     "allowance_to_pb",
+    "cancel_response_to_pb",
     "check_allowance_request",
     "check_heartbeat",
     "check_hello",
@@ -58,6 +58,7 @@ __all__ = [
     "envelope_to_pb",
     "limits_from_pb",
     "limits_to_pb",
+    "list_runs_response_to_pb",
     "outcome_from_pb",
     "outcome_to_pb",
     "policy_from_pb",
@@ -65,8 +66,12 @@ __all__ = [
     "price_book_from_pb",
     "price_book_to_pb",
     "record_ack_to_pb",
+    "run_status_from_hex",
+    "run_status_to_hex",
     "run_status_to_pb",
+    "stats_response_to_pb",
     "tenant_budget_to_pb",
+    "tenant_budgets_response_to_pb",
     "usage_from_pb",
     "usage_to_pb",
     "welcome_to_pb",
@@ -348,74 +353,27 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
     return msg.version, defaults, price_book_from_pb(msg.prices)
 
 
-# ------------------------------------------------------------- control-stream validation
-
-
-def _check_trace_hex(name: str, value: str) -> None:
-    if value and (len(value) != 32 or value.strip("0123456789abcdefABCDEF")):
-        raise InvalidInput(f"{name} {value[:40]!r} is not 32 hex characters")
-
-
-def check_run_started(rs: pb.RunStarted) -> None:
-    """Validate one ``RunStarted`` (or ``Hello.live_runs`` entry) against the bounds.
-
-    Ids and names, the trace id, the start time, the requested limits and the re-registered
-    usage; raises ``InvalidInput`` / ``InputTooLarge`` and changes nothing.
-    """
-    check_id("run_started.run_id", rs.run_id, required=True)
-    check_id("run_started.parent_run_id", rs.parent_run_id)
-    check_id("run_started.tenant", rs.tenant)
-    check_id("run_started.agent", rs.agent)
-    _check_trace_hex("run_started.trace_id", rs.trace_id)
-    check_unix("run_started.started_at_unix", rs.started_at_unix)
-    if rs.HasField("requested"):
-        limits_from_pb(rs.requested)
-    if rs.HasField("usage"):
-        usage_from_pb(rs.usage)
-
-
-def _check_runs_in_message(name: str, n: int) -> None:
-    if n > MAX_RUNS_PER_MESSAGE:
-        raise InputTooLarge(f"{name} lists {n} runs (max {MAX_RUNS_PER_MESSAGE} per message)")
-
-
-def check_hello(hello: pb.Hello, *, live_runs: bool = True) -> None:
-    """Validate a ``Hello`` whole before any of it is applied. ``live_runs=False`` checks
-    their number only: the caller checks each with :func:`check_run_started` (the control
-    reader does, in slices that yield to its event loop)."""
-    check_id("hello.tenant", hello.tenant)
-    check_id("hello.process_id", hello.process_id)
-    check_id("hello.host", hello.host)
-    check_id("hello.sdk_version", hello.sdk_version)
-    _check_runs_in_message("hello.live_runs", len(hello.live_runs))
-    for rs in hello.live_runs if live_runs else ():
-        check_run_started(rs)
-
-
-def check_heartbeat(hb: pb.Heartbeat) -> None:
-    """Validate a ``Heartbeat``: at most ``MAX_RUNS_PER_MESSAGE`` runs, bounded ids."""
-    _check_runs_in_message("heartbeat.runs", len(hb.runs))
-    for rp in hb.runs:
-        check_id("heartbeat.runs.run_id", rp.run_id)
-
-
-def check_allowance_request(req: pb.AllowanceRequest) -> None:
-    """Validate an ``AllowanceRequest``: its run id, the amounts asked for and the usage."""
-    check_id("allowance_request.run_id", req.run_id, required=True)
-    check_finite("allowance_request.cost_usd", req.cost_usd, MAX_COST_USD_PER_RECORD)
-    check_count("allowance_request.tokens", req.tokens)
-    if req.HasField("usage"):
-        usage_from_pb(req.usage)
-
-
-# The guard's commands and admin answers (kept in their own module; part of this one).
+# The control stream's validation, the guard's commands and its admin answers: kept in their
+# own modules, part of this one (the checks use limits_from_pb / usage_from_pb above).
+from guard._wire_checks import (  # noqa: E402
+    check_allowance_request,
+    check_heartbeat,
+    check_hello,
+    check_run_started,
+)
 from guard._wire_commands import (  # noqa: E402
     admit_to_pb,
     allowance_to_pb,
+    cancel_response_to_pb,
     directive_to_pb,
     envelope_to_pb,
+    list_runs_response_to_pb,
     record_ack_to_pb,
+    run_status_from_hex,
+    run_status_to_hex,
     run_status_to_pb,
+    stats_response_to_pb,
     tenant_budget_to_pb,
+    tenant_budgets_response_to_pb,
     welcome_to_pb,
 )

@@ -21,7 +21,13 @@ from guard.server._state import RunState
 from guard.server._status import PermissionDenied, UnknownRun, grpc_errors
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
-from guard.wire import run_status_to_pb
+from guard.wire import (
+    cancel_response_to_pb,
+    list_runs_response_to_pb,
+    run_status_to_pb,
+    stats_response_to_pb,
+    tenant_budgets_response_to_pb,
+)
 
 __all__ = ["AdminServicer", "local_statuses", "run_status"]
 
@@ -108,13 +114,13 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         fleet = getattr(registry.bus, "fleet", None)
         if fleet is None:  # one guard process
             ids = registry.cancel(target, value, request.reason, principal)
-            return pb.CancelResponse(run_ids=ids)
+            return cancel_response_to_pb(ids)
         ids, missing = await fleet.cancel(target, value, request.reason, principal)
         _fleet_partial(context, missing)
         if target == "run_id" and not ids:
             registry.get(value, principal)  # raises NOT_FOUND (the fleet has no such run)
             raise UnknownRun(f"run {value[:64]!r} is not live on this guard")
-        return pb.CancelResponse(run_ids=ids)
+        return cancel_response_to_pb(ids)
 
     @grpc_errors
     async def ListRuns(self, request: pb.ListRunsRequest, context: Any) -> pb.ListRunsResponse:
@@ -133,7 +139,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         if fleet is not None and not request.local:  # several replicas: each lists its runs
             statuses, total, missing = await fleet.list_runs(tenant, request.agent, limit)
             _fleet_partial(context, missing)
-            return pb.ListRunsResponse(runs=statuses, total=total)
+            return list_runs_response_to_pb(statuses, total)
         runs = _select(registry, tenant, request.agent)
         total = len(runs)
         statuses = []
@@ -146,7 +152,7 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
                 for r in runs[start : min(start + LIST_SLICE, limit)]
                 if registry.runs.get(r.run_id) is r
             )
-        return pb.ListRunsResponse(runs=statuses, total=total)
+        return list_runs_response_to_pb(statuses, total)
 
     @grpc_errors
     async def TenantBudgets(
@@ -163,8 +169,8 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
         else:
             names = budgets.known()
         if len(names) == 1:  # one tenant: fresh from the shared store (replicas)
-            return pb.TenantBudgetsResponse(tenants=[await budgets.fleet_status(names[0])])
-        return pb.TenantBudgetsResponse(tenants=[budgets.status(n) for n in names])
+            return tenant_budgets_response_to_pb([await budgets.fleet_status(names[0])])
+        return tenant_budgets_response_to_pb([budgets.status(n) for n in names])
 
     @grpc_errors
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
@@ -208,4 +214,4 @@ class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         """The guard's figures (admin token only): see ``GuardServer.figures``."""
         self._principal(context).require_admin("Stats")
-        return pb.StatsResponse(guard_id=self.app.guard_id, figures=self.app.figures())
+        return stats_response_to_pb(self.app.guard_id, self.app.figures())

@@ -1,9 +1,9 @@
 """Turning policy decisions into commands: warn, wrap_up and cancel, per run and per tenant.
 
-Mixed into :class:`guard.server._registry.Registry`. The policy engine decides; this module
-only routes: soft levels go through ``SoftLevel`` (each pushed once), a stop becomes one
-cancel (a run is cancelled at most once per reason-holder), and every command yields a
-``DecisionRecord`` written when the agent acks it.
+A part of :class:`guard.server._registry.Registry` (``registry.decisions``). The policy
+engine decides; this module only routes: soft levels go through ``SoftLevel`` (each pushed
+once), a stop becomes one cancel (a run is cancelled at most once per reason-holder), and
+every command yields a ``DecisionRecord`` written when the agent acks it.
 
 Forecast warning (our call, documented in the README): after each step the guard fits the
 run's input tokens per step (B + (n-1)·D); when the fit says the token or cost budget runs
@@ -14,17 +14,28 @@ with reason token_budget / cost_budget and the forecast numbers, early enough to
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from guard.errors import InvalidInput
 from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
 from guard.records import DecisionRecord
 from guard.server._auth import Principal
+from guard.server._scope import RunPart, Scope
 from guard.server._status import PermissionDenied, UnknownRun
 
 if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._fanout import AgentSession, DecisionLog
+    from guard.server._parts import DirectiveBus
     from guard.server._state import RunState
+    from guard.v1 import guard_pb2 as pb
 
-__all__ = ["FORECAST_HORIZON_STEPS", "SELECTOR_DENY_S", "Decisions", "decision_record"]
+__all__ = [
+    "FORECAST_HORIZON_STEPS",
+    "SELECTOR_DENY_S",
+    "DecisionRouter",
+    "EndRun",
+    "decision_record",
+]
 
 FORECAST_HORIZON_STEPS = 2
 # A fleet cancel by selector denies matching runs that start on this replica for this long
@@ -93,18 +104,29 @@ def decision_record(
     )
 
 
-class Decisions:
-    """Decision routing (mixin; expects the Registry's attributes)."""
+class EndRun(Protocol):
+    """Ends a run on the guard's side and writes its record (``Lifecycle.end_run``)."""
 
-    runs: dict[str, RunState]
-    by_tenant: dict[str, set[str]]
-    log: Any
-    budgets: Any
-    bus: Any
-    config: Any
-    stats: dict[str, int]
-    _tenant_cut: dict[str, float]
-    _denials: dict[tuple[str, str, str | None], tuple[float, str]]
+    def __call__(
+        self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
+    ) -> Any: ...
+
+
+class DecisionRouter(RunPart):
+    """Builds and routes the decisions of the runs in ``table``: soft levels, stops, tenant
+    cuts, operator and fleet cancels. Delivers through ``bus`` (the record is written on the
+    agent's ack) or writes the record to ``log`` at once; a stop nobody can be told of is
+    ended through ``end_run``."""
+
+    def __init__(self, scope: Scope, bus: DirectiveBus, log: DecisionLog, *, end_run: EndRun):
+        super().__init__(scope)
+        self.by_tenant = scope.table.by_tenant
+        self.bus = bus
+        self.log = log
+        self.end_run = end_run
+        self._tenant_cut: dict[str, float] = {}
+        # fleet cancels by selector being carried out (see deny_starts)
+        self._denials: dict[tuple[str, str, str | None], tuple[float, str]] = {}
 
     def issue(self, run: RunState, action: str, reason: str, detail: str, util, metric) -> None:
         """Push warn / wrap_up to the run's agent (recorded; dropped if unreachable)."""
@@ -158,6 +180,35 @@ class Decisions:
         # to re-register: the cancel reaches it then (Registry._adopt), or the sweep ends it.
         if by is DecidedBy.OPERATOR and not run.provisional:
             self.end_run(run, Status.CANCELLED, Reason.OPERATOR_CANCEL, detail, by)
+
+    def resend_stop(self, run: RunState) -> None:
+        """Send the cancel of a stopping run again, through the bus: its stream moved to
+        another replica, and the cancel sent to the old holder may have died with it (the
+        new holder drops it if its run is already stopping)."""
+        if run.stop_reason is not None:
+            by = run.stop_by.value if run.stop_by is not None else DecidedBy.GUARD.value
+            reason, detail = run.stop_reason.value, run.stop_detail
+            record = decision_record(
+                run.run_id, run.tenant, run.agent, "cancel", reason, detail, None, None, by
+            )
+            self.bus.deliver(run, record)
+
+    def deny(
+        self,
+        session: AgentSession,
+        rs: pb.RunStarted,
+        tenant: str,
+        reason: str,
+        detail: str,
+        util: float | None = None,
+        metric: str | None = None,
+    ) -> None:
+        """Answer a registration with Deny (its record is written on the agent's ack)."""
+        self.stats["denied"] += 1
+        record = decision_record(
+            rs.run_id, tenant, rs.agent, "deny", reason, detail, util, metric, "guard"
+        )
+        session.push(record, request_id=rs.request_id)
 
     def act(self, run: RunState, d: Decision, verdict: Any = None) -> None:
         """Route one decision of ``run``'s budget."""
@@ -224,7 +275,7 @@ class Decisions:
         name."""
         detail = detail or "cancelled by operator"
         if target == "run_id":
-            runs = [self.get(value, principal)]  # another tenant's run: NOT_FOUND, as unknown
+            runs = [self.table.live(value, principal)]  # another tenant's: NOT_FOUND, as unknown
             if runs[0].remote is not None:
                 raise UnknownRun(f"run {value[:64]!r} is not live on this guard")
         elif target == "tenant":
@@ -241,8 +292,6 @@ class Decisions:
                 raise PermissionDenied("cancel --all needs the admin token")
             runs = list(self.runs.values())
         else:
-            from guard.errors import InvalidInput
-
             raise InvalidInput("selector is empty: give run_id, tenant, agent or all")
         ids = []
         for run in runs:
@@ -277,26 +326,6 @@ class Decisions:
             reason, by = Reason.ERROR, DecidedBy.GUARD
         self.stop_run(run, reason, record.detail, None, None, by, record)
 
-    def fleet_apply(self, query: dict[str, Any]) -> dict[str, Any]:
-        """One replica's part of a fleet Cancel / ListRuns (``guard.server._redis._fleet``),
-        with the caller's principal: the ids it cancelled, or its runs' statuses."""
-        principal = Principal(tenant=query.get("tenant"), admin=bool(query.get("admin")))
-        if query.get("op") == "list":
-            from guard.server._admin import local_statuses
-
-            statuses, total = local_statuses(
-                self, query.get("scope") or "", query.get("agent") or "", int(query["limit"])
-            )
-            return {"runs": [s.SerializeToString().hex() for s in statuses], "total": total}
-        target, value, detail = query["target"], query["value"], query.get("detail") or ""
-        try:
-            ids = self.cancel(target, value, detail, principal)
-        except (UnknownRun, PermissionDenied):
-            return {"ids": []}
-        if target != "run_id":  # after the permission checks (a refused cancel denies nothing)
-            self.deny_starts(target, value, principal, detail)
-        return {"ids": ids}
-
     def deny_starts(self, target: str, value: Any, principal: Principal, detail: str) -> None:
         """While a fleet cancel by selector is carried out, runs matching it that start here
         are denied (see :meth:`cancelling`)."""
@@ -323,8 +352,3 @@ class Decisions:
             ):
                 return detail
         return None
-
-    # provided by Registry / Lifecycle
-    clock: Any
-    end_run: Any
-    get: Any

@@ -1,6 +1,7 @@
 """The span path: apply decoded observations to runs, then let the policy decide.
 
-Mixed into :class:`guard.server._registry.Registry`. Per the span contract: a model span
+A part of :class:`guard.server._registry.Registry` (``registry.applier``), reaching the runs
+and the other parts through the narrow :class:`SpanHost`. Per the span contract: a model span
 records usage (AFTER_MODEL_CALL); a tool span records the call and feeds
 ``loop.observe_action`` (AFTER_TOOL_BATCH); a step span records the step, feeds
 ``loop.end_step`` and the forecaster (BEFORE_STEP); a run span does nothing while the
@@ -21,7 +22,7 @@ Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trac
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
 
 Numbered spans (``guard.seq``, set by the SDK when the run has a control stream) are counted
-once across a guard restart: see ``_gate``. The span path never writes the record of a run
+once across a guard restart: see ``Rejoin.gate``. The span path never writes the record of a run
 whose agent has a control stream; the agent's RunEnded is the record (``_run_span``).
 """
 
@@ -63,13 +64,15 @@ from guard.server._decode import (
     TOOL_NAME,
     TRACE_ID,
 )
+from guard.server._spanhost import SpanHost, Touched
+from guard.server._spanhost import flush as _flush
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._decode import Decoded, Observation
     from guard.server._state import RunState
 
-__all__ = ["SpanApplier", "Touched"]
+__all__ = ["SpanApplier", "SpanHost", "Touched"]  # SpanHost, Touched: see _spanhost
 
 _AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
@@ -77,47 +80,15 @@ _BEFORE_STEP = Phase.BEFORE_STEP
 _RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
 
 
-class Touched:
-    """What one request did to one run, until the run is decided at the request's end: the
-    phase of its last counted span, the strongest loop verdict its spans produced, and the
-    tool calls (and attempts) counted but not yet recorded in its budget (see ``_flush``)."""
-
-    __slots__ = ("attempts", "phase", "tools", "verdict")
-
-    def __init__(self, phase: Phase, verdict: Any, tools: int, attempts: int) -> None:
-        self.phase = phase
-        self.verdict = verdict
-        self.tools = tools
-        self.attempts = attempts
-
-
-def _flush(touched: dict[RunState, Touched], spent: dict[str, Usage]) -> None:
-    """Record the tool calls counted in ``touched`` in their runs' budgets (one call per run)
-    and in their tenants' usage for this request.
-
-    The counts are ints >= 0 (attempts come from the decoder, which refuses anything else),
-    so ``record_tool_calls`` cannot refuse them.
-    """
-    for run, entry in touched.items():
-        n = entry.tools
-        if n:
-            attempts = entry.attempts
-            run.budget.record_tool_calls(n, attempts=attempts)
-            usage = spent[run.tenant]
-            usage.tool_calls += n
-            usage.tool_attempts += attempts
-            entry.tools = entry.attempts = 0
-
-
 class SpanApplier:
     """Applies decoded observations to the registry's runs: the fused ingest loop.
 
     One per registry (``registry.applier``); it owns no state of its own beyond a request
     (kept in :class:`Touched` and a tenant -> :class:`~guard.policy.Usage` map) and reaches
-    the runs, the tenants' budgets and the decision routing through the registry.
+    the runs, the tenants' budgets and the decision routing through its :class:`SpanHost`.
     """
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: SpanHost) -> None:
         self.registry = registry
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
@@ -185,7 +156,7 @@ class SpanApplier:
                     usage = spent[run.tenant] = Usage()
                 entry = touched.get(run)
             kind = o[KIND]
-            if run.seq_gate is not None and kind != KIND_RUN and reg._gate(run, o):
+            if run.seq_gate is not None and kind != KIND_RUN and reg.gate(run, o):
                 continue
             # The three common kinds are inlined (this loop runs once per span). Tool calls
             # are *counted* in the run's budget once per run per request (see _flush): they
@@ -343,18 +314,18 @@ class SpanApplier:
     def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
         """A span of a run that never said RunStarted: track it from its spans alone."""
         reg = self.registry
-        if len(reg.runs) >= reg.max_runs and not reg._make_room():
+        if len(reg.runs) >= reg.max_runs and not reg.make_room():
             reg.stats["capacity_rejections"] += 1
             return None
         tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
             return None
         trace = o[TRACE_ID]
-        run = reg._new_run(
+        run = reg.new_run(
             o[RUN_ID],
             tenant=tenant,
             agent=o[AGENT] or "",
-            parent_run_id=o[PARENT_RUN] or "",  # another tenant's run is no parent (_new_run)
+            parent_run_id=o[PARENT_RUN] or "",  # another tenant's run is no parent (new_run)
             trace=trace if len(trace) == 16 else b"",  # OTLP trace ids are 16 bytes
             started_at=0.0,
             limits=reg.config.effective_limits(None),
@@ -408,7 +379,7 @@ class SpanApplier:
             if not run.agent and o[AGENT]:
                 run.agent = o[AGENT]
             if not run.tenant and o[TENANT]:
-                reg._set_tenant(run, o[TENANT])
+                reg.set_tenant(run, o[TENANT])
             return
         if run.stop_by is not None and reason in (Reason.OPERATOR_CANCEL, run.stop_reason):
             by = run.stop_by

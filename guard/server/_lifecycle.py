@@ -1,9 +1,9 @@
 """Ending runs: RunEnded from the agent, guard-side ends (agent_lost, operator cancel of an
 unreachable run, the run span of a span-only run) and housekeeping.
 
-Mixed into :class:`guard.server._registry.Registry`. Every way out writes exactly one
-``Outcome`` to the sink; ``ended`` remembers recent run ids so duplicates and late spans are
-dropped.
+A part of :class:`guard.server._registry.Registry` (``registry.lifecycle``). Every way out
+writes exactly one ``Outcome`` to the sink; ``ended`` remembers recent run ids so duplicates
+and late spans are dropped.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
+from guard.server._scope import RunPart, Scope
 from guard.server._table import ENDED_MEMORY
 from guard.wire import record_ack_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
     from guard.server._fanout import AgentSession
+    from guard.server._parts import RunDirectory, TenantBudgets
     from guard.server._state import RunState
 
 __all__ = ["ENDED_MEMORY", "Lifecycle"]  # ENDED_MEMORY: see _table
@@ -27,24 +29,29 @@ log = logging.getLogger("guard.server")
 SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
 
 
-class Lifecycle:
-    """How runs end (mixin; expects the Registry's attributes)."""
+class Lifecycle(RunPart):
+    """How the runs in ``table`` end: each way out gives back what the run held (the
+    tenant's slot and grant in ``budgets``, its stream's entry in ``directory``) and writes
+    its one record to ``sink``; the periodic :meth:`sweep` ends what its agent left behind
+    (and expires the unacked commands of ``sessions``)."""
 
-    runs: dict[str, RunState]
-    by_trace: dict[bytes, RunState]
-    by_tenant: dict[str, set[str]]
-    detached: dict[str, RunState]
-    span_only: dict[str, RunState]
-    sessions: set[AgentSession]
-    ended: Any
-    stats: dict[str, int]
-    budgets: Any
-    directory: Any
-    table: Any
-    config: Any
-    sink: Any
-    clock: Any
-    grace_s: float
+    def __init__(
+        self,
+        scope: Scope,
+        budgets: TenantBudgets,
+        directory: RunDirectory,
+        sink: Any,
+        *,
+        sessions: set[AgentSession],
+    ) -> None:
+        super().__init__(scope)
+        self.detached = scope.table.detached
+        self.span_only = scope.table.span_only
+        self.budgets = budgets
+        self.directory = directory
+        self.sink = sink
+        self.sessions = sessions
+        self.grace_s = float(scope.config.guard.agent_grace_s)
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
@@ -61,11 +68,11 @@ class Lifecycle:
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
             self.budgets.release(run, outcome)  # keeps the tail its final usage announces
-            self._finish(run)
+            self.finish(run)
         elif outcome.run_id in self.ended:
             self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
             return
-        self._remember_ended(outcome.run_id)
+        self.remember_ended(outcome.run_id)
         if self._write_run(outcome):
             self._ack_record(session, outcome.run_id)
 
@@ -98,8 +105,8 @@ class Lifecycle:
             started_at=run.started_at,
             ended_at=time.time(),
         )
-        self._finish(run)
-        self._remember_ended(run.run_id)
+        self.finish(run)
+        self.remember_ended(run.run_id)
         if run.remote is not None:
             # its stream's replica writes the one record (this one only counted its spans)
             self.stats["remote_ends"] = self.stats.get("remote_ends", 0) + 1
@@ -117,17 +124,21 @@ class Lifecycle:
             return False
         return True
 
-    def _remember_ended(self, run_id: str) -> None:
+    def remember_ended(self, run_id: str) -> None:
+        """Late spans and repeated RunEnded of ``run_id`` are dropped from now on."""
         self.table.remember_ended(run_id)
 
-    def _finish(self, run: RunState) -> None:
+    def finish(self, run: RunState) -> None:
+        """A way out without a record here: give back all the run held and forget it."""
         self.budgets.release(run)  # every way out gives the tenant's grant back
-        self._forget(run)
+        self.forget(run)
         if run.admitted:
             self.budgets.run_ended(run.tenant)
             run.admitted = False
 
-    def _forget(self, run: RunState) -> None:
+    def forget(self, run: RunState) -> None:
+        """Untrack the run (and release its stream's directory entry); the tenant's slot
+        and grant stay with the caller (:meth:`finish` gives them back)."""
         self.table.forget(run)  # and the spans a provisional run held (Rejoin._gate)
         self.directory.release(run)
 
@@ -171,7 +182,7 @@ class Lifecycle:
                 self._agent_gone(run, f"agent did not register the run within {self.grace_s:g}s")
         for run in idle[:limit]:
             if run.run_id in self.runs:
-                self._finish(run)
+                self.finish(run)
         for session in list(self.sessions):
             session.expire(now)
         self.budgets.renew()

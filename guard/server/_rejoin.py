@@ -1,30 +1,37 @@
 """Rejoining after a reconnect or a guard restart: how a re-registered run is rebuilt.
 
-Mixed into :class:`guard.server._registry.Registry`. A re-registration (``Hello.live_runs``)
-carries the agent's snapshot of the run: the guard *sets* the run's counters from it and
-keeps a :class:`~guard.server._state.SeqGate` so every span the SDK numbered (``guard.seq``)
-counts once, however often the exporter retries it to the restarted guard. Numbered spans
-that arrive before their run is registered make a *provisional* run: they wait, uncounted,
-until the agent registers it (``_adopt``) or, if it never does, the sweep records it once
-(``Lifecycle._agent_gone``). ``Hello.ended_runs`` names runs whose records a guard already
-acknowledged: their provisional runs are dropped without a record.
+A part of :class:`guard.server._registry.Registry` (``registry.rejoin``). A re-registration
+(``Hello.live_runs``) carries the agent's snapshot of the run: the guard *sets* the run's
+counters from it and keeps a :class:`~guard.server._state.SeqGate` so every span the SDK
+numbered (``guard.seq``) counts once, however often the exporter retries it to the restarted
+guard. Numbered spans that arrive before their run is registered make a *provisional* run:
+they wait, uncounted, until the agent registers it (``adopt``) or, if it never does, the
+sweep records it once (``Lifecycle._agent_gone``). ``Hello.ended_runs`` names runs whose
+records a guard already acknowledged: their provisional runs are dropped without a record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import Budget, DecidedBy, LoopDetector, Reason
-from guard.server._decisions import decision_record
+from guard.server._auth import Principal
 from guard.server._decode import SEQ, TENANT, Decoded
+from guard.server._scope import RunPart, Scope
 from guard.server._state import SeqGate
 from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._auth import Principal
+    from guard.server._decisions import DecisionRouter
     from guard.server._decode import Observation
+    from guard.server._parts import RunDirectory, TenantBudgets
     from guard.server._state import RunState
+
+# the registry's span path, for the spans a provisional run kept (Registry.ingest: the
+# applier it has at the time of the call)
+Ingest = Callable[[Decoded, Principal], Any]
 
 __all__ = ["PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "Rejoin"]  # caps: see _table
 
@@ -32,25 +39,31 @@ _MAX_ENDED_IN_HELLO = 1024  # Hello.ended_runs read (the SDK sends at most that 
 _MAX_ID = 256
 
 
-class Rejoin:
-    """Re-registration and provisional runs (mixin; expects the Registry's attributes)."""
+class Rejoin(RunPart):
+    """Re-registration and provisional and remote runs of the table. Counts the spans a
+    provisional run kept through ``ingest``, carries an operator's cancel over (and sends it
+    again when the stream of a remote run moves) through ``decisions``, and untracks runs
+    through ``forget`` (``Lifecycle.forget``)."""
 
-    runs: dict[str, RunState]
-    table: Any
-    by_tenant: dict[str, set[str]]
-    ended: Any
-    stats: dict[str, int]
-    budgets: Any
-    clock: Any
-    ingest: Any
-    stop_run: Any
-    directory: Any
-    bus: Any
-    config: Any
-    _forget: Any
-    _remember_ended: Any
+    def __init__(
+        self,
+        scope: Scope,
+        budgets: TenantBudgets,
+        directory: RunDirectory,
+        *,
+        decisions: DecisionRouter,
+        ingest: Ingest,
+        forget: Callable[[RunState], None],
+    ) -> None:
+        super().__init__(scope)
+        self.budgets = budgets
+        self.directory = directory
+        self.decisions = decisions
+        self.ingest = ingest
+        self._forget = forget
+        self._remember_ended = scope.table.remember_ended
 
-    def _restore_usage(self, run: RunState, u: Any) -> None:
+    def restore_usage(self, run: RunState, u: Any) -> None:
         """Set (never add) the run's own counters from its agent's snapshot. A parent's
         snapshot already holds its children's usage (the SDK reads a run tree at one
         instant), so adding through the parent chain would count the children twice; for
@@ -61,7 +74,7 @@ class Rejoin:
         if run.parent is None:
             self.budgets.restore(run.tenant, u)
 
-    def _adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
+    def adopt(self, run: RunState, waiting: RunState, kept: Any, principal: Principal) -> None:
         """The agent registered a run that spans had created first (provisional): count the
         spans it kept that the registration's snapshot does not hold, and carry over an
         operator's cancel (it reaches the agent now)."""
@@ -71,11 +84,11 @@ class Rejoin:
             decoded.observations = kept
             self.ingest(decoded, principal)  # gated by run.seq_gate: each span counted once
         if waiting.stop_by is DecidedBy.OPERATOR and run.stop_reason is None:
-            self.stop_run(
+            self.decisions.stop_run(
                 run, Reason.OPERATOR_CANCEL, waiting.stop_detail, None, None, DecidedBy.OPERATOR
             )
 
-    def _ended_elsewhere(self, run_ids: Any, tenant: str) -> None:
+    def ended_elsewhere(self, run_ids: Any, tenant: str) -> None:
         """Hello.ended_runs: runs whose records a guard (maybe this one before a restart)
         acknowledged. A provisional run for one of them (the exporter retried its spans) is
         dropped without a record, and later spans of it are late spans. Only the caller's
@@ -90,7 +103,7 @@ class Rejoin:
                 self._forget(run)
             self._remember_ended(run_id)
 
-    def _gate(self, run: RunState, o: Observation) -> bool:
+    def gate(self, run: RunState, o: Observation) -> bool:
         """Whether a counted span of a gated run is *not* to be counted now (see
         ``RunState.seq_gate``): a provisional run keeps it for its agent's registration
         (bounded, then counted as dropped); a re-registered run skips it when the snapshot
@@ -99,7 +112,7 @@ class Rejoin:
         if type(gate) is list:
             run.touched_at = self.clock()
             if not run.tenant and o[TENANT]:
-                self._set_tenant(run, o[TENANT])
+                self.set_tenant(run, o[TENANT])
             if not gate:  # its first span: is its stream held by another replica?
                 self.directory.watch(run)
             if not self.table.hold(gate, o):
@@ -111,7 +124,7 @@ class Rejoin:
             return True
         return False
 
-    def _set_tenant(self, run: RunState, tenant: str) -> None:
+    def set_tenant(self, run: RunState, tenant: str) -> None:
         """A provisional run learns its tenant from a later span (a step span carries it)."""
         self.table.set_tenant(run, tenant)
 
@@ -150,8 +163,6 @@ class Rejoin:
         if kept:
             decoded = Decoded()
             decoded.observations = kept
-            from guard.server._auth import Principal
-
             self.ingest(decoded, Principal(tenant=run.tenant, admin=False))
 
     def remote_moved(self, run: RunState, holder: str) -> None:
@@ -159,20 +170,7 @@ class Rejoin:
         decisions go there now. A cancel already sent to the old holder may have died with
         it: it is sent again (the new holder drops it if its run is already stopping)."""
         run.remote = holder
-        if run.stop_reason is not None:
-            by = run.stop_by.value if run.stop_by is not None else DecidedBy.GUARD.value
-            record = decision_record(
-                run.run_id,
-                run.tenant,
-                run.agent,
-                "cancel",
-                run.stop_reason.value,
-                run.stop_detail,
-                None,
-                None,
-                by,
-            )
-            self.bus.deliver(run, record)
+        self.decisions.resend_stop(run)
 
     def ended_remotely(self, run: RunState) -> None:
         """The directory says the remote ``run`` ended (its holder wrote the record)."""

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from guard.server._status import UnknownRun
+
 if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._auth import Principal
     from guard.server._decode import Observation
     from guard.server._state import RunState
 
@@ -50,6 +53,18 @@ class RunTable:
         if not self.span_only:
             return None
         return min(self.span_only.values(), key=lambda r: r.touched_at)
+
+    def live(self, run_id: str, principal: Principal | None = None) -> RunState:
+        """The live run ``run_id``; another tenant's run (for ``principal``) is answered
+        exactly like an unknown one (``UnknownRun``)."""
+        run = self.runs.get(run_id)
+        if run is None or (
+            principal is not None
+            and principal.tenant is not None
+            and run.tenant != principal.tenant
+        ):
+            raise UnknownRun(f"run {run_id[:64]!r} is not live on this guard")
+        return run
 
     # -- in and out -----------------------------------------------------------------------
     def add(self, run: RunState, *, span_only: bool) -> None:

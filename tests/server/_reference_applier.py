@@ -77,7 +77,7 @@ class ReferenceApplier(SpanApplier):
             if run is None:
                 continue
             spent.setdefault(run.tenant, Usage())
-            if run.seq_gate is not None and o[KIND] != KIND_RUN and reg._gate(run, o):
+            if run.seq_gate is not None and o[KIND] != KIND_RUN and reg.gate(run, o):
                 continue
             try:
                 counted = self._apply(run, o, spent[run.tenant])

@@ -23,6 +23,7 @@ from guard.errors import StateUnavailable
 from guard.server._auth import Principal
 from guard.server._status import UnknownRun
 from guard.v1 import guard_pb2 as pb
+from guard.wire import run_status_from_hex
 
 __all__ = ["FLEET_WAIT_S", "Fleet", "FleetAnswer"]
 
@@ -81,7 +82,7 @@ class Fleet:
         answer = await self.ask(query)
         for reply in answer.replies:
             total += int(reply.get("total", 0))
-            statuses.extend(pb.RunStatus.FromString(bytes.fromhex(s)) for s in reply["runs"])
+            statuses.extend(run_status_from_hex(s) for s in reply["runs"])
         return statuses[:limit], total, answer.missing
 
     async def ask(self, query: dict[str, Any]) -> FleetAnswer:

@@ -1,0 +1,79 @@
+"""Validation of the control stream's guard-bound messages, each as a whole, before any of
+it is applied.
+
+Part of :mod:`guard.wire` (which re-exports every name here); kept apart so each stays small.
+Raises :class:`guard.errors.InvalidInput` / ``InputTooLarge`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from guard.bounds import (
+    MAX_COST_USD_PER_RECORD,
+    MAX_RUNS_PER_MESSAGE,
+    check_count,
+    check_finite,
+    check_id,
+    check_unix,
+)
+from guard.errors import InputTooLarge, InvalidInput
+from guard.v1 import guard_pb2 as pb
+from guard.wire import limits_from_pb, usage_from_pb  # defined before guard.wire imports this
+
+__all__ = ["check_allowance_request", "check_heartbeat", "check_hello", "check_run_started"]
+
+
+def _check_trace_hex(name: str, value: str) -> None:
+    if value and (len(value) != 32 or value.strip("0123456789abcdefABCDEF")):
+        raise InvalidInput(f"{name} {value[:40]!r} is not 32 hex characters")
+
+
+def check_run_started(rs: pb.RunStarted) -> None:
+    """Validate one ``RunStarted`` (or ``Hello.live_runs`` entry) against the bounds.
+
+    Ids and names, the trace id, the start time, the requested limits and the re-registered
+    usage; raises ``InvalidInput`` / ``InputTooLarge`` and changes nothing.
+    """
+    check_id("run_started.run_id", rs.run_id, required=True)
+    check_id("run_started.parent_run_id", rs.parent_run_id)
+    check_id("run_started.tenant", rs.tenant)
+    check_id("run_started.agent", rs.agent)
+    _check_trace_hex("run_started.trace_id", rs.trace_id)
+    check_unix("run_started.started_at_unix", rs.started_at_unix)
+    if rs.HasField("requested"):
+        limits_from_pb(rs.requested)
+    if rs.HasField("usage"):
+        usage_from_pb(rs.usage)
+
+
+def _check_runs_in_message(name: str, n: int) -> None:
+    if n > MAX_RUNS_PER_MESSAGE:
+        raise InputTooLarge(f"{name} lists {n} runs (max {MAX_RUNS_PER_MESSAGE} per message)")
+
+
+def check_hello(hello: pb.Hello, *, live_runs: bool = True) -> None:
+    """Validate a ``Hello`` whole before any of it is applied. ``live_runs=False`` checks
+    their number only: the caller checks each with :func:`check_run_started` (the control
+    reader does, in slices that yield to its event loop)."""
+    check_id("hello.tenant", hello.tenant)
+    check_id("hello.process_id", hello.process_id)
+    check_id("hello.host", hello.host)
+    check_id("hello.sdk_version", hello.sdk_version)
+    _check_runs_in_message("hello.live_runs", len(hello.live_runs))
+    for rs in hello.live_runs if live_runs else ():
+        check_run_started(rs)
+
+
+def check_heartbeat(hb: pb.Heartbeat) -> None:
+    """Validate a ``Heartbeat``: at most ``MAX_RUNS_PER_MESSAGE`` runs, bounded ids."""
+    _check_runs_in_message("heartbeat.runs", len(hb.runs))
+    for rp in hb.runs:
+        check_id("heartbeat.runs.run_id", rp.run_id)
+
+
+def check_allowance_request(req: pb.AllowanceRequest) -> None:
+    """Validate an ``AllowanceRequest``: its run id, the amounts asked for and the usage."""
+    check_id("allowance_request.run_id", req.run_id, required=True)
+    check_finite("allowance_request.cost_usd", req.cost_usd, MAX_COST_USD_PER_RECORD)
+    check_count("allowance_request.tokens", req.tokens)
+    if req.HasField("usage"):
+        usage_from_pb(req.usage)
