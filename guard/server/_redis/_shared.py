@@ -67,10 +67,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._state import RunState
     from guard.v1 import guard_pb2 as pb
 
-__all__ = ["SharedTenantBudgets"]
+__all__ = ["HOLD_S", "SharedTenantBudgets"]
 
 log = logging.getLogger("guard.server")
 _TICK_S = 0.5  # the background task settles queued work (ends from the sweep) this often
+# An outage younger than this is a blip: admissions and asks wait for Redis (the client's
+# fast-fail pause, StateClient.retry_after_s = 0.5 s, is over before it: one retry at least)
+HOLD_S = 1.0
 _STATS = ("fail_open_periods", "fail_open_admits", "fail_closed_denials", "reconciled_tenants")
 
 
@@ -96,6 +99,7 @@ class SharedTenantBudgets:
         self.restore = local.record  # the fleet counted it already (where the run was)
         self.pending = PendingUsage()
         self.down = False  # Redis did not answer the last call (fail-open until it does)
+        self.down_since = 0.0  # when the outage began (monotonic)
         self.fleet = fleet = FleetDesk(self)  # grants out of the fleet's windows
         self.on_admit = fleet.on_admit
         self.request = fleet.request
@@ -193,6 +197,13 @@ class SharedTenantBudgets:
             exhausted=st.exhausted is not None,
         )
 
+    @property
+    def local_answers(self) -> bool:
+        """Whether this replica's own view answers admissions and allowance asks: only once
+        Redis has been unreachable for ``HOLD_S`` (a real outage: fail-open, or fail_closed).
+        Before that (a blip: one slow reply, a failover of Redis) they wait for Redis."""
+        return self.down and time.monotonic() - self.down_since >= HOLD_S
+
     # -- settling with Redis ---------------------------------------------------------------
     async def sync(self) -> None:
         """Send what is queued (ended runs, admissions, every tenant's usage and its runs'
@@ -225,6 +236,17 @@ class SharedTenantBudgets:
             self._unreachable(exc)
             for t, u in usage.items():
                 self.pending.add(t, u)
+            if not self.local_answers:
+                # A blip: admissions, asks and ends wait for the next sync (it retries them
+                # once the client's fast-fail pause is over). This replica's own view knows
+                # neither the other replicas' spend nor the grants the fleet holds: answering
+                # from it would grant the tenant's window again. Retrying is safe: an admit
+                # of a run holding its slot keeps it, a repeated grant only grants more.
+                self._admits[:0] = admits
+                for rid, call in ends.items():
+                    self._ends.setdefault(rid, call)
+                fleet.hold(asks)
+                return
             for t, _rid, then, _grant in admits:
                 self._fail_open_admit(t, then)
             fleet.unanswered(asks)
@@ -289,6 +311,7 @@ class SharedTenantBudgets:
         if self.down:
             return  # logged and counted once per outage
         self.down = True
+        self.down_since = time.monotonic()
         self.registry.stats["redis_fail_open_periods"] += 1
         mode = "denying new runs (guard.fail_closed)" if self.fail_closed else "fail-open"
         log.warning(
