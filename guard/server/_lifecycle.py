@@ -137,6 +137,7 @@ class Lifecycle:
         come here, so it stays guarded as a remote run; the tenant's slot is the holder's."""
         if run.connected or run.run_id not in self.runs:
             return
+        run.remote = holder  # first: the shared budgets free nothing of a remote run
         self.budgets.release(run)
         if run.admitted:
             self.budgets.run_ended(run.tenant)
@@ -144,7 +145,6 @@ class Lifecycle:
         self.directory.release(run)
         run.session = None
         run.detached_at = None
-        run.remote = holder
         self.table.remote(run)
 
     # -- housekeeping ----------------------------------------------------------------------

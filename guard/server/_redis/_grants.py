@@ -116,6 +116,12 @@ class FleetDesk:
             self._finals[run.run_id] = spend_of(outcome)
             return None
         final = self._finals.pop(run.run_id, None)
+        if run.remote is not None:
+            # Another replica holds its stream (its agent failed over there, or its spans come
+            # here by trace-ID routing): the slot and the grant in Redis are that replica's,
+            # under the same run id. However this replica ends or forgets it, it frees nothing.
+            self.held.pop(run.run_id, None)
+            return None
         remote = self.shared.remote
         if run.parent is None and self.tracked(run.tenant):
             self.held.pop(run.run_id, None)

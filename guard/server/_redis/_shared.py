@@ -34,6 +34,14 @@ usage is reconciled into Redis once (it leaves the buffer only when Redis acknow
 and the live runs' slots are claimed again. Slots freed during the outage lapse with their
 lease.
 
+**A blip is not an outage.** For the first :data:`HOLD_S` of an outage (one reply slower
+than the client's timeout, a Redis failover) new admissions, allowance asks and ended runs'
+frees wait for Redis (retried every :data:`_DOWN_TICK_S` once the client's fast-fail pause is
+over) instead of being answered from this replica's own view: that view has neither the
+other replicas' spend nor the grants the fleet holds, so its answers would grant the tenant's
+window a second time. Only a longer outage is answered locally (fail-open, as above). An
+agent that stops waiting first falls back on its own (counted by the SDK).
+
 **Redis restarted empty** (no persistence): what is lost is the windows' history before the
 restart (spend and admissions no replica still holds as pending usage: the fleet's windows
 restart from what the replicas reconcile, i.e. from zero at worst); the outstanding grants
@@ -71,6 +79,7 @@ __all__ = ["HOLD_S", "SharedTenantBudgets"]
 
 log = logging.getLogger("guard.server")
 _TICK_S = 0.5  # the background task settles queued work (ends from the sweep) this often
+_DOWN_TICK_S = 0.1  # and this often while Redis is down (the client fails fast meanwhile)
 # An outage younger than this is a blip: admissions and asks wait for Redis (the client's
 # fast-fail pause, StateClient.retry_after_s = 0.5 s, is over before it: one retry at least)
 HOLD_S = 1.0
@@ -108,6 +117,7 @@ class SharedTenantBudgets:
         self._usage: dict[str, Usage] = {}  # queued deltas, one per tenant
         self._admits: list[tuple[str, str, Verdict, Any]] = []
         self._ends: dict[str, Call] = {}  # run id -> the call freeing its slot and grant
+        self._kept: set[str] = set()  # admissions being resolved that found the slot held
         self._view: dict[str, list[float]] = {}  # the fleet's window sums, as of last sync
         self._task: asyncio.Task[None] | None = None
         for k in _STATS:
@@ -134,6 +144,8 @@ class SharedTenantBudgets:
         self.local.tenants.run_ended(tenant)
         if run_id:  # a registration that did not make a run: its slot and first grant
             self.fleet.held.pop(run_id, None)
+            if run_id in self._kept:
+                return  # the slot was held before it (the run lives on elsewhere): not ours
             self._ends[run_id] = self.remote.release_call(tenant, run_id, free_slot=True)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
@@ -257,14 +269,18 @@ class SharedTenantBudgets:
         for _ in ends:
             next(replies)
         for t, rid, then, grant in admits:
-            verdict = r.admit_reply(t, next(replies))
+            reply = next(replies)
+            verdict = r.admit_reply(t, reply)
             if grant is not None:
                 undo = fleet.admitted(t, rid, not verdict.stop, next(replies))
                 if undo is not None:
                     self._ends[rid] = undo
             if verdict.stop:
                 self.local.tenants.run_ended(t)  # the local slot taken in admit()
+            if r.admit_kept(reply):
+                self._kept.add(rid)
             self._resolve(then, verdict)
+            self._kept.discard(rid)
         for t in tenants:
             decision, self._view[t] = r.record_reply(t, next(replies))
             if decision.stop:
@@ -366,7 +382,8 @@ class SharedTenantBudgets:
         every = self.remote.lease_s / 3
         last = time.monotonic()
         while True:
-            await asyncio.sleep(min(_TICK_S, every))
+            # while Redis is down, often: what a blip held is retried soon after it answers
+            await asyncio.sleep(_DOWN_TICK_S if self.down else min(_TICK_S, every))
             try:
                 await self.sync()
                 if time.monotonic() - last >= every or self.down:
