@@ -13,13 +13,10 @@ ceilings and were cancelled a few calls later)."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
+
+from server._tenant_proc import fleet as agent_fleet
 
 from .conftest import Fleet
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from _tenant_proc import fleet as agent_fleet  # noqa: E402
 
 PRICE = 0.01
 LIMIT = 0.3
