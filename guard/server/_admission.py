@@ -185,7 +185,10 @@ class Admission(RunPart):
             # repeated RunStarted) holds the fleet's slot and grant: only the local count.
             self.budgets.run_ended(tenant, "" if rs.run_id in self.runs else rs.run_id)
             return
-        if verdict.stop and not restoring:
+        # A Hello entry still waiting for its first answer (request_id set) was never
+        # admitted: denied like a new run, not admitted-then-cancelled (its agent would start
+        # it, with no ceilings, until the cancel lands).
+        if verdict.stop and (not restoring or rs.request_id):
             why = (verdict.reason or Reason.TENANT_BUDGET).value  # error: budgets unavailable
             self.decisions.deny(
                 session, rs, tenant, why, verdict.message, verdict.utilisation, verdict.metric

@@ -148,6 +148,7 @@ class Lifecycle(RunPart):
         come here, so it stays guarded as a remote run; the tenant's slot is the holder's."""
         if run.connected or run.run_id not in self.runs:
             return
+        run.remote = holder  # first: the shared budgets free nothing of a remote run
         self.budgets.release(run)
         if run.admitted:
             self.budgets.run_ended(run.tenant)
@@ -155,7 +156,6 @@ class Lifecycle(RunPart):
         self.directory.release(run)
         run.session = None
         run.detached_at = None
-        run.remote = holder
         self.table.remote(run)
 
     # -- housekeeping ----------------------------------------------------------------------

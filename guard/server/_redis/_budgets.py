@@ -197,6 +197,12 @@ class RedisTenantBudgets:
         """The script call of :meth:`admit` (to go out in a caller's pipeline)."""
         return self._call(tenant, "admit", run_id)
 
+    @staticmethod
+    def admit_kept(r: Sequence[str]) -> bool:
+        """Whether an ``admit`` reply says the run held its slot already (it is registered
+        elsewhere too, e.g. on the replica its agent failed over to)."""
+        return len(r) > 1 and r[0] == "ok" and r[1] == "kept"
+
     def admit_reply(self, tenant: str, r: Sequence[str]) -> Decision:
         """The decision an ``admit`` call's reply ``r`` means."""
         if r[0] == "ok":

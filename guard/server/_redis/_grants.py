@@ -73,13 +73,13 @@ class FleetDesk:
         grant = self.held.get(run.run_id)
         if grant is not None:
             self.desk.push(session, grant)
-        elif self.shared.down:
+        elif self.shared.local_answers:
             self.desk.on_admit(run, session)  # out of this replica's windows meanwhile
         else:  # re-registered (failover): the grant it holds in Redis, after its Admit
             self._asks.append((run.tenant, run.run_id, 0.0, 0.0, seen_of(run), session, 0))
 
     def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal):
-        if self.shared.down:
+        if self.shared.local_answers:
             self.desk.request(session, req, principal)
             return
         root = self.desk.checked(session, req, principal)
@@ -116,6 +116,12 @@ class FleetDesk:
             self._finals[run.run_id] = spend_of(outcome)
             return None
         final = self._finals.pop(run.run_id, None)
+        if run.remote is not None:
+            # Another replica holds its stream (its agent failed over there, or its spans come
+            # here by trace-ID routing): the slot and the grant in Redis are that replica's,
+            # under the same run id. However this replica ends or forgets it, it frees nothing.
+            self.held.pop(run.run_id, None)
+            return None
         remote = self.shared.remote
         if run.parent is None and self.tracked(run.tenant):
             self.held.pop(run.run_id, None)
@@ -177,6 +183,10 @@ class FleetDesk:
         stat = "allowance_exhausted" if grant.exhausted else "allowance_grants"
         self.shared.registry.stats[stat] += 1
         self.desk.push(session, grant, request_id)
+
+    def hold(self, asks: list[tuple[Any, ...]]) -> None:
+        """Redis did not answer, but only just (a blip): the asks go with the next sync."""
+        self._asks[:0] = asks
 
     def unanswered(self, asks: list[tuple[Any, ...]]) -> None:
         """Redis did not answer: the in-memory desk answers (this replica's windows)."""

@@ -241,6 +241,7 @@ if op == 'admit' then
   redis.call('ZREMRANGEBYSCORE', SLOTS, '-inf', fmt(now))  -- lease over: slot gone
   if redis.call('ZSCORE', SLOTS, rid) then
     redis.call('ZADD', SLOTS, fmt(now + lease_s), rid)  -- re-registered: it holds its slot
+    reply = {'ok', 'kept'}  -- (so a registration of it that makes no run frees nothing)
   else
     local live_runs = redis.call('ZCARD', SLOTS)
     local h = exhausted()

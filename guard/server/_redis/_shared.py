@@ -34,6 +34,14 @@ usage is reconciled into Redis once (it leaves the buffer only when Redis acknow
 and the live runs' slots are claimed again. Slots freed during the outage lapse with their
 lease.
 
+**A blip is not an outage.** For the first :data:`HOLD_S` of an outage (one reply slower
+than the client's timeout, a Redis failover) new admissions, allowance asks and ended runs'
+frees wait for Redis (retried every :data:`_DOWN_TICK_S` once the client's fast-fail pause is
+over) instead of being answered from this replica's own view: that view has neither the
+other replicas' spend nor the grants the fleet holds, so its answers would grant the tenant's
+window a second time. Only a longer outage is answered locally (fail-open, as above). An
+agent that stops waiting first falls back on its own (counted by the SDK).
+
 **Redis restarted empty** (no persistence): what is lost is the windows' history before the
 restart (spend and admissions no replica still holds as pending usage: the fleet's windows
 restart from what the replicas reconcile, i.e. from zero at worst); the outstanding grants
@@ -67,10 +75,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._state import RunState
     from guard.v1 import guard_pb2 as pb
 
-__all__ = ["SharedTenantBudgets"]
+__all__ = ["HOLD_S", "SharedTenantBudgets"]
 
 log = logging.getLogger("guard.server")
 _TICK_S = 0.5  # the background task settles queued work (ends from the sweep) this often
+_DOWN_TICK_S = 0.1  # and this often while Redis is down (the client fails fast meanwhile)
+# An outage younger than this is a blip: admissions and asks wait for Redis (the client's
+# fast-fail pause, StateClient.retry_after_s = 0.5 s, is over before it: one retry at least)
+HOLD_S = 1.0
 _STATS = ("fail_open_periods", "fail_open_admits", "fail_closed_denials", "reconciled_tenants")
 
 
@@ -96,6 +108,7 @@ class SharedTenantBudgets:
         self.restore = local.record  # the fleet counted it already (where the run was)
         self.pending = PendingUsage()
         self.down = False  # Redis did not answer the last call (fail-open until it does)
+        self.down_since = 0.0  # when the outage began (monotonic)
         self.fleet = fleet = FleetDesk(self)  # grants out of the fleet's windows
         self.on_admit = fleet.on_admit
         self.request = fleet.request
@@ -104,6 +117,7 @@ class SharedTenantBudgets:
         self._usage: dict[str, Usage] = {}  # queued deltas, one per tenant
         self._admits: list[tuple[str, str, Verdict, Any]] = []
         self._ends: dict[str, Call] = {}  # run id -> the call freeing its slot and grant
+        self._kept: set[str] = set()  # admissions being resolved that found the slot held
         self._view: dict[str, list[float]] = {}  # the fleet's window sums, as of last sync
         self._task: asyncio.Task[None] | None = None
         for k in _STATS:
@@ -130,6 +144,8 @@ class SharedTenantBudgets:
         self.local.tenants.run_ended(tenant)
         if run_id:  # a registration that did not make a run: its slot and first grant
             self.fleet.held.pop(run_id, None)
+            if run_id in self._kept:
+                return  # the slot was held before it (the run lives on elsewhere): not ours
             self._ends[run_id] = self.remote.release_call(tenant, run_id, free_slot=True)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
@@ -193,6 +209,13 @@ class SharedTenantBudgets:
             exhausted=st.exhausted is not None,
         )
 
+    @property
+    def local_answers(self) -> bool:
+        """Whether this replica's own view answers admissions and allowance asks: only once
+        Redis has been unreachable for ``HOLD_S`` (a real outage: fail-open, or fail_closed).
+        Before that (a blip: one slow reply, a failover of Redis) they wait for Redis."""
+        return self.down and time.monotonic() - self.down_since >= HOLD_S
+
     # -- settling with Redis ---------------------------------------------------------------
     async def sync(self) -> None:
         """Send what is queued (ended runs, admissions, every tenant's usage and its runs'
@@ -225,6 +248,17 @@ class SharedTenantBudgets:
             self._unreachable(exc)
             for t, u in usage.items():
                 self.pending.add(t, u)
+            if not self.local_answers:
+                # A blip: admissions, asks and ends wait for the next sync (it retries them
+                # once the client's fast-fail pause is over). This replica's own view knows
+                # neither the other replicas' spend nor the grants the fleet holds: answering
+                # from it would grant the tenant's window again. Retrying is safe: an admit
+                # of a run holding its slot keeps it, a repeated grant only grants more.
+                self._admits[:0] = admits
+                for rid, call in ends.items():
+                    self._ends.setdefault(rid, call)
+                fleet.hold(asks)
+                return
             for t, _rid, then, _grant in admits:
                 self._fail_open_admit(t, then)
             fleet.unanswered(asks)
@@ -235,14 +269,18 @@ class SharedTenantBudgets:
         for _ in ends:
             next(replies)
         for t, rid, then, grant in admits:
-            verdict = r.admit_reply(t, next(replies))
+            reply = next(replies)
+            verdict = r.admit_reply(t, reply)
             if grant is not None:
                 undo = fleet.admitted(t, rid, not verdict.stop, next(replies))
                 if undo is not None:
                     self._ends[rid] = undo
             if verdict.stop:
                 self.local.tenants.run_ended(t)  # the local slot taken in admit()
+            if r.admit_kept(reply):
+                self._kept.add(rid)
             self._resolve(then, verdict)
+            self._kept.discard(rid)
         for t in tenants:
             decision, self._view[t] = r.record_reply(t, next(replies))
             if decision.stop:
@@ -289,6 +327,7 @@ class SharedTenantBudgets:
         if self.down:
             return  # logged and counted once per outage
         self.down = True
+        self.down_since = time.monotonic()
         self.registry.stats["redis_fail_open_periods"] += 1
         mode = "denying new runs (guard.fail_closed)" if self.fail_closed else "fail-open"
         log.warning(
@@ -343,7 +382,8 @@ class SharedTenantBudgets:
         every = self.remote.lease_s / 3
         last = time.monotonic()
         while True:
-            await asyncio.sleep(min(_TICK_S, every))
+            # while Redis is down, often: what a blip held is retried soon after it answers
+            await asyncio.sleep(_DOWN_TICK_S if self.down else min(_TICK_S, every))
             try:
                 await self.sync()
                 if time.monotonic() - last >= every or self.down:
