@@ -64,8 +64,9 @@ __all__ = [
 log = logging.getLogger("guard.integrations")
 
 # The OpenTelemetry context key set while an integration's guarded model call is in flight:
-# a third-party span started under it is the same call, already counted by the integration.
-COUNTED_KEY = "otel_guard.counted"
+# a third-party span started under it is the same call, already counted by the integration
+# (the SDK's processor of third-party spans reads it: guard.sdk._foreign).
+from guard.sdk._foreign import COUNTED_KEY  # noqa: E402
 
 _errors: dict[str, int] = {}
 _errors_lock = threading.Lock()

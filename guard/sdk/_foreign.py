@@ -36,6 +36,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
@@ -158,16 +159,24 @@ def _native_tools(run: Run) -> int:
     return run.budget.usage().tool_calls - (calls.tools if calls is not None else 0)
 
 
+# Set in the OpenTelemetry context by an integration (guard.integrations._base) while the
+# model call it counts itself is in flight, or around a framework's node that runs one: a
+# third-party model span started under it is that call, already counted.
+COUNTED_KEY = "otel_guard.counted"
+
+
 class _Owner:
     """The run and step a third-party span started in; tool spans also the run's own tool
-    count then (a ``@guard.tool`` recorded while the span was open makes it a duplicate)."""
+    count then (a ``@guard.tool`` recorded while the span was open makes it a duplicate);
+    ``counted``: it started under an integration's :data:`COUNTED_KEY`."""
 
-    __slots__ = ("run", "step", "tools")
+    __slots__ = ("counted", "run", "step", "tools")
 
-    def __init__(self, run: Run, step: Step | None, tools: int | None) -> None:
+    def __init__(self, run: Run, step: Step | None, tools: int | None, counted: bool) -> None:
         self.run = run
         self.step = step
         self.tools = tools
+        self.counted = counted
 
 
 def _is_tool(name: str, attrs: Any) -> bool:
@@ -240,7 +249,8 @@ class ForeignSpans(SpanProcessor):
             step.calls = CallLedger()  # steps with a third-party span keep a ledger
         if len(self._owners) >= _OWNERS_MAX:
             self._owners.clear()
-        self._owners[span.context.span_id] = _Owner(run, step, tools)
+        counted = otel_context.get_value(COUNTED_KEY, parent_context) is True
+        self._owners[span.context.span_id] = _Owner(run, step, tools, counted)
 
     def on_end(self, span: ReadableSpan) -> None:
         out = span
@@ -288,7 +298,8 @@ class ForeignSpans(SpanProcessor):
         calls = _calls_of(run)
         ledger = step.calls if step is not None else None
         if (
-            span_id in calls.parents
+            owner.counted
+            or span_id in calls.parents
             or (parent_id and parent_id in calls.spans)
             or (ledger is not None and ledger.matches_recorded(response_id, inp, out))
         ):

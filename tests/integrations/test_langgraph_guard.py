@@ -159,6 +159,12 @@ def test_at_most_one_model_call_after_a_guard_cancel(
     assert rec.reason == "operator_cancel" and rec.model_calls == out.model_calls
 
 
+
+# Known gap: OpenInference's LangChain instrumentation starts its LLM span in
+# on_chat_model_start, before the integration's guarded call (and its inferred step, whose
+# ledger the SDK's processor checks) begins, and parents it from its own run map, so neither
+# the counted marker nor the step ledger identifies it: the call counts twice in-process.
+@pytest.mark.xfail(strict=True, reason="OpenInference LangChain spans start before the step")
 def test_counted_once_with_openinference_as_a_second_reporter(
     llm: LLMServer, server, instrumented
 ) -> None:
