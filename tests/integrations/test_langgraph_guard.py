@@ -159,7 +159,6 @@ def test_at_most_one_model_call_after_a_guard_cancel(
     assert rec.reason == "operator_cancel" and rec.model_calls == out.model_calls
 
 
-
 # Known gap: OpenInference's LangChain instrumentation starts its LLM span in
 # on_chat_model_start, before the integration's guarded call (and its inferred step, whose
 # ledger the SDK's processor checks) begins, and parents it from its own run map, so neither
