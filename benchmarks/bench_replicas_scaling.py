@@ -33,7 +33,7 @@ from pathlib import Path
 
 import grpc
 from _net import start_guard  # benchmarks/ is on sys.path when run as a script
-from bench_ingest import EXPORT, POLICY, RUNS, build_requests, cpu_seconds
+from bench_ingest import POLICY, RUNS, build_requests, cpu_seconds, drive
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -93,21 +93,6 @@ async def register(address: str, runs: list[int]) -> tuple[object, asyncio.Queue
         elif msg.WhichOneof("body") == "deny":
             raise RuntimeError(f"run denied on {address}: {msg.deny}")
     return channel, queue
-
-
-async def drive(address: str, payloads: list[bytes], n: int, concurrency: int) -> None:
-    channel = grpc.aio.insecure_channel(
-        address, options=[("grpc.max_send_message_length", 64 << 20)]
-    )
-    export = channel.unary_unary(EXPORT)
-    counter = iter(range(n))
-
-    async def worker() -> None:
-        for i in counter:
-            await export(payloads[i % len(payloads)], timeout=60)
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    await channel.close()
 
 
 async def redis_commands(url: str) -> int:
