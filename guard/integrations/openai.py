@@ -29,6 +29,7 @@ from guard.integrations._base import (
     begin_model_call,
     note_error,
 )
+from guard.integrations._conversation import note_tools
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable"]
 
@@ -345,6 +346,7 @@ def _wrap_sync(orig: Callable[..., Any], api: str) -> Callable[..., Any]:
         run = active_run()
         if run is None:
             return orig(self, *args, **kwargs)
+        note_tools(run, api, kwargs)  # the tools a hand-written loop ran since the last call
         asked = _ask_for_usage(api, kwargs)
         call = begin_model_call(
             run,
@@ -372,6 +374,7 @@ def _wrap_async(orig: Callable[..., Any], api: str) -> Callable[..., Any]:
         run = active_run()
         if run is None:
             return await orig(self, *args, **kwargs)
+        note_tools(run, api, kwargs)
         asked = _ask_for_usage(api, kwargs)
         call = await abegin_model_call(
             run,

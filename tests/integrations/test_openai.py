@@ -387,3 +387,76 @@ def test_raw_responses_are_recorded_when_parsed(sink, llm, mode) -> None:
     o = asyncio.run(agent_async()) if mode == "async" else agent_sync()
     assert llm.count == 2
     assert (o.model_calls, o.input_tokens, o.output_tokens) == (2, 100, 10)
+
+
+def _conversation_loop(llm: LLMServer, api: str, tool_fn: Any, **limits: Any):
+    """The loop a user writes: send the conversation, run the tools the model asks for with
+    plain functions, append their results, repeat. Only ``guard.instrument()`` +
+    ``@guard.run``: no ``@guard.tool``, no ``guard.step``."""
+    client = _client(llm, "sync")
+
+    @guard.run(agent=f"conversation-{api}", **limits)
+    def agent() -> str:
+        if api == "chat":
+            messages: list[Any] = list(MSG)
+            while True:
+                msg = client.chat.completions.create(model="gpt-4.1", messages=messages)
+                msg = msg.choices[0].message
+                if not msg.tool_calls:
+                    return msg.content or ""
+                messages.append(msg.model_dump(exclude_none=True))
+                for c in msg.tool_calls:
+                    out = tool_fn(**json.loads(c.function.arguments))
+                    messages.append({"role": "tool", "tool_call_id": c.id, "content": out})
+        items: list[Any] = [{"role": "user", "content": "find the refund policy"}]
+        while True:
+            resp = client.responses.create(model="gpt-4.1", input=items)
+            calls = [i for i in resp.output if i.type == "function_call"]
+            if not calls:
+                return resp.output_text
+            for c in calls:
+                items.append(
+                    {"type": "function_call", "call_id": c.call_id, "name": c.name,
+                     "arguments": c.arguments}
+                )  # fmt: skip
+                out = tool_fn(**json.loads(c.arguments))
+                items.append({"type": "function_call_output", "call_id": c.call_id, "output": out})
+
+    return agent
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_hand_written_loop_needs_no_guard_tool(sink, llm, api) -> None:
+    """Its tool calls are read back from the conversation it sends: fingerprinted in-process
+    (no raw argument on a span) and fed to loop detection, which stops the runaway search
+    before the next request leaves."""
+    guard.instrument("openai")
+    llm.script = _varying
+
+    def search(q: str) -> str:  # a plain function: no @guard.tool
+        return "no results"
+
+    with pytest.raises(guard.RunStopped) as stop:
+        _conversation_loop(llm, api, search, max_steps=50)()
+    o = stop.value.outcome
+    assert o.reason == "loop_detected", o.message
+    assert o.tool_calls == o.model_calls == llm.count  # each tool once; nothing after the stop
+    assert "refund policy variant" not in sink.dump()  # only fingerprints leave
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_tools_the_loop_records_itself_are_not_counted_again(sink, llm, api) -> None:
+    guard.instrument("openai")
+    llm.script = [tool("lookup", {"q": "a"}), tool("lookup", {"q": "b"}), text("done")]
+
+    @guard.tool
+    def recorded(q: str) -> str:
+        return f"result for {q}"
+
+    @guard.run(agent="mixed")
+    def agent() -> Any:
+        _conversation_loop(llm, api, recorded).__wrapped__()
+        return guard.current_run().usage()
+
+    u = agent()
+    assert (u.model_calls, u.tool_calls) == (3, 2)
