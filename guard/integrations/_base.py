@@ -40,6 +40,7 @@ from opentelemetry import context as otel_context
 
 from guard.errors import RunStopped
 from guard.sdk._config import get_settings
+from guard.sdk._foreign import note_integrated
 from guard.sdk._reserve import current_reservation, make_reservation
 from guard.sdk._run import Run, current_run_or_none
 from guard.sdk._step import Step, _current_step, current_step
@@ -292,6 +293,7 @@ class ModelCall:
                 error=error,
                 started_at=self.started_at,
             )
+            note_integrated(self.run, response_id, usage.input_tokens, usage.output_tokens)
         finally:
             if token is not None:
                 current_reservation.reset(token)

@@ -122,13 +122,21 @@ class RunCalls:
     """Per run: ids of counted third-party model spans and of their parents (aggregates), the
     parents of counted tool spans, and how many tool calls were counted from spans."""
 
-    __slots__ = ("parents", "spans", "tool_parents", "tools")
+    __slots__ = ("integrated", "parents", "spans", "tool_parents", "tools")
 
     def __init__(self) -> None:
         self.spans: dict[int, None] = {}
         self.parents: dict[int, None] = {}
         self.tool_parents: dict[int, None] = {}
         self.tools = 0
+        # calls an integration recorded, (response id, input, output): a third-party span of
+        # one that started outside its step (OpenInference's LangChain LLM span opens before
+        # the call) is matched here, once
+        self.integrated: list[tuple[str | None, int, int, None]] = []
+
+    def take_integrated(self, response_id: str | None, inp: int, out: int) -> bool:
+        """Whether a call an integration recorded matches (and use it up)."""
+        return CallLedger._take(self.integrated, response_id, inp, out) is not None
 
     def add(self, span_id: int, parent_id: int, tool: bool = False) -> None:
         pairs = (
@@ -151,6 +159,17 @@ def _calls_of(run: Run) -> RunCalls:
     if calls is None:
         calls = run.foreign_calls = RunCalls()
     return calls
+
+
+_INTEGRATED_MAX = 64  # recent integration calls kept per run for that match
+
+
+def note_integrated(run: Run, response_id: str | None, inp: int, out: int) -> None:
+    """An integration recorded this call of ``run`` (see :attr:`RunCalls.integrated`)."""
+    kept = _calls_of(run).integrated
+    kept.append((response_id, inp, out, None))  # CallLedger's entry shape
+    if len(kept) > _INTEGRATED_MAX:
+        del kept[0]
 
 
 def _native_tools(run: Run) -> int:
@@ -302,6 +321,7 @@ class ForeignSpans(SpanProcessor):
             or span_id in calls.parents
             or (parent_id and parent_id in calls.spans)
             or (ledger is not None and ledger.matches_recorded(response_id, inp, out))
+            or (calls.integrated and calls.take_integrated(response_id, inp, out))
         ):
             self.duplicates += 1
             return stamped(span, None)  # the guard counts the call once, from the other span
