@@ -19,7 +19,6 @@ same as a decorated function's.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -54,20 +53,6 @@ def _reset(var: contextvars.ContextVar[Any], token: Any) -> None:
 
 
 # -- sync ----------------------------------------------------------------------------------------
-def _admit_sync(r: Any, spec: D.RunSpec) -> None:
-    fut = D._admission(r, spec)
-    if fut is None:
-        return
-    timeout_s = r.rt.settings.admit_timeout_ms / 1000.0
-    if asyncio._get_running_loop() is not None and not D._fail_closed(r, spec):
-        timeout_s = 0.0  # never stall an event loop's thread (as @guard.run does)
-    try:
-        ok = fut.result(timeout=timeout_s) is not None
-    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-        ok = False
-    D._admitted(r, spec, fut, ok)
-
-
 def _attached(run: Any, it: Iterator[Any]) -> Iterator[Any]:
     token = _graph_of.set(run)
     try:
@@ -96,7 +81,7 @@ def iter_in_run(agent: str, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
     r, token, otel_token = D._start(spec, False)
     graph_token = _graph_of.set(r)
     try:
-        _admit_sync(r, spec)
+        D._admit_blocking(r, spec)
         yield from make()
     except GeneratorExit:  # the caller stopped reading: the run ends as it stands
         _reset(_graph_of, graph_token)
@@ -115,22 +100,6 @@ def iter_in_run(agent: str, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
 
 
 # -- async ---------------------------------------------------------------------------------------
-async def _admit_async(r: Any, spec: D.RunSpec) -> None:
-    fut = D._admission(r, spec)
-    if fut is None:
-        return
-    try:
-        answer = await asyncio.wait_for(
-            asyncio.wrap_future(fut), r.rt.settings.admit_timeout_ms / 1000.0
-        )
-        ok = answer is not None
-    except (TimeoutError, asyncio.CancelledError) as exc:
-        if isinstance(exc, asyncio.CancelledError) and r.interrupt_info() is None:
-            raise
-        ok = False
-    D._admitted(r, spec, fut, ok)
-
-
 async def _aattached(run: Any, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
     token = _graph_of.set(run)
     try:
@@ -167,7 +136,7 @@ async def aiter_in_run(agent: str, make: Callable[[], AsyncIterator[Any]]) -> As
         r._cancel_task()
     graph_token = _graph_of.set(r)
     try:
-        await _admit_async(r, spec)
+        await D._admit_awaiting(r, spec)
         async for item in make():
             yield item
     except GeneratorExit:

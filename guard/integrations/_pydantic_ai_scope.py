@@ -22,8 +22,7 @@ from guard.integrations._base import _swallowed, active_run, end_inferred_step
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import (
     RunSpec,
-    _admission,
-    _admitted,
+    _admit_awaiting,
     _finish,
     _make_spec,
     _raise_for,
@@ -76,19 +75,7 @@ async def _new_run(spec: RunSpec) -> AsyncIterator[Run]:
     if r.cancelled:
         r._cancel_task()
     try:
-        fut = _admission(r, spec)
-        if fut is not None:
-            ok = True
-            try:
-                answer = await asyncio.wait_for(
-                    asyncio.wrap_future(fut), r.rt.settings.admit_timeout_ms / 1000.0
-                )
-                ok = answer is not None
-            except (TimeoutError, asyncio.CancelledError) as exc:
-                if isinstance(exc, asyncio.CancelledError) and r.interrupt_info() is None:
-                    raise
-                ok = False
-            _admitted(r, spec, fut, ok)
+        await _admit_awaiting(r, spec)
         yield r
     except BaseException as exc:
         r.consume_task_cancel()

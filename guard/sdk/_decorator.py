@@ -277,6 +277,40 @@ def _finish(r: Run, token: Any, otel_token: Any, exc: BaseException | None) -> t
     return outcome, stopped
 
 
+def _admit_blocking(r: Run, spec: RunSpec) -> None:
+    """Wait (bounded by ``admit_timeout_ms``) for the guard's answer to a sync run's start."""
+    fut = _admission(r, spec)
+    if fut is None:
+        return
+    timeout_s = r.rt.settings.admit_timeout_ms / 1000.0
+    if asyncio._get_running_loop() is not None and not _fail_closed(r, spec):
+        # A sync agent called on an event loop's thread: never stall the loop for the
+        # admission; a deny that arrives later stops the run like a cancel.
+        timeout_s = 0.0
+    try:  # None = the stream dropped before an answer
+        ok = fut.result(timeout=timeout_s) is not None
+    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+        ok = False
+    _admitted(r, spec, fut, ok)
+
+
+async def _admit_awaiting(r: Run, spec: RunSpec) -> None:
+    """Await (bounded by ``admit_timeout_ms``) the guard's answer to an async run's start."""
+    fut = _admission(r, spec)
+    if fut is None:
+        return
+    try:  # None = the stream dropped before an answer
+        answer = await asyncio.wait_for(
+            asyncio.wrap_future(fut), r.rt.settings.admit_timeout_ms / 1000.0
+        )
+        ok = answer is not None
+    except (TimeoutError, asyncio.CancelledError) as exc:
+        if isinstance(exc, asyncio.CancelledError) and r.interrupt_info() is None:
+            raise  # cancelled from outside while waiting
+        ok = False
+    _admitted(r, spec, fut, ok)
+
+
 def _raise_for(outcome: Any, exc: BaseException) -> None:
     cause = None if isinstance(exc, RunStopped) else exc
     raise RunStopped(outcome) from cause
@@ -285,19 +319,7 @@ def _raise_for(outcome: Any, exc: BaseException) -> None:
 def _run_sync(spec: RunSpec, f: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     r, token, otel_token = _start(spec, False)
     try:
-        fut = _admission(r, spec)
-        ok = True
-        if fut is not None:
-            timeout_s = r.rt.settings.admit_timeout_ms / 1000.0
-            if asyncio._get_running_loop() is not None and not _fail_closed(r, spec):
-                # A sync agent called on an event loop's thread: never stall the loop for the
-                # admission; a deny that arrives later stops the run like a cancel.
-                timeout_s = 0.0
-            try:  # None = the stream dropped before an answer
-                ok = fut.result(timeout=timeout_s) is not None
-            except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-                ok = False
-            _admitted(r, spec, fut, ok)
+        _admit_blocking(r, spec)
         value = f(*args, **kwargs)
     except BaseException as exc:
         outcome, stopped = _finish(r, token, otel_token, exc)
@@ -317,19 +339,7 @@ async def _run_async(spec: RunSpec, f: Callable[..., Any], args: tuple, kwargs: 
     if r.cancelled:  # cancelled during start (e.g. by a parent): deliver to the task now
         r._cancel_task()
     try:
-        fut = _admission(r, spec)
-        ok = True
-        if fut is not None:
-            try:  # None = the stream dropped before an answer
-                answer = await asyncio.wait_for(
-                    asyncio.wrap_future(fut), r.rt.settings.admit_timeout_ms / 1000.0
-                )
-                ok = answer is not None
-            except (TimeoutError, asyncio.CancelledError) as exc:
-                if isinstance(exc, asyncio.CancelledError) and r.interrupt_info() is None:
-                    raise  # cancelled from outside while waiting
-                ok = False
-            _admitted(r, spec, fut, ok)
+        await _admit_awaiting(r, spec)
         value = await f(*args, **kwargs)
     except BaseException as exc:
         r.consume_task_cancel()
