@@ -1,7 +1,7 @@
 """Bounds on every value the guard accepts from the wire (DESIGN §6, "hostile input").
 
 One place for the numbers, shared by the wire conversions (``guard.wire``), the span
-decoders (``guard.server._decode`` / ``_rawdecode``), the control stream and the admin
+decoders (``guard.server._pydecode`` and the native one), the control stream and the admin
 service. A value outside its bound refuses its request: :class:`~guard.errors.InvalidInput`
 (INVALID_ARGUMENT) for a bad value, :class:`~guard.errors.InputTooLarge`
 (RESOURCE_EXHAUSTED) for a size. The checks return the value so call sites stay one line.

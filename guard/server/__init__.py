@@ -1,6 +1,7 @@
 """The guard service: servicers that only adapt, over parts with explicit interfaces.
 
-Parts (each a private module): ``_decode`` / ``_rawdecode`` (pure OTLP -> observations);
+Parts (each a private module): ``_decode`` (the one way into span decoding: the native
+decoder ``_nativedecode`` or the reference ``_pydecode``, over the schema ``_schema``);
 ``_table`` (the run table: indexes by id, trace and tenant, capacity, ended ids); ``_ingest``
 (the span applier: the fused per-request loop, its per-request state in ``Touched``);
 ``_registry`` with ``_decisions`` / ``_lifecycle`` / ``_rejoin`` (admission, the decision

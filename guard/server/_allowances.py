@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.errors import InvalidInput
 from guard.policy import TenantAllowances, Usage
-from guard.server._decode import (
+from guard.server._schema import (
     CACHED,
     COST,
     IN,

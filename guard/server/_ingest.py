@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.policy import Action, DecidedBy, Phase, Reason, Status, Usage
 from guard.server._decisions import _forecast_due
-from guard.server._decode import (
+from guard.server._schema import (
     ACTION_FP,
     AGENT,
     ATTEMPTS,
@@ -69,7 +69,7 @@ from guard.server._spanhost import flush as _flush
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
-    from guard.server._decode import Decoded, Observation
+    from guard.server._schema import Decoded, Observation
     from guard.server._state import RunState
 
 __all__ = ["SpanApplier", "SpanHost", "Touched"]  # SpanHost, Touched: see _spanhost

@@ -15,22 +15,18 @@ import asyncio
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
-from guard.errors import GuardError, GuardUnavailable, InvalidInput
+from guard.errors import GuardError, GuardUnavailable
 from guard.server._auth import Principal
-from guard.server._decode import Decoded
-from guard.server._rawdecode import LiteRequest, decode_lite_spans, lite_chunks
+from guard.server._decode import decode_slices
 from guard.server._status import abort_for, status_for
 
 __all__ = [
     "CHUNK_SPANS",
     "SERVICE_NAME",
-    "decode_chunk",
     "export_response",
     "ingest_export",
-    "parse_export",
     "trace_service_handler",
 ]
 
@@ -38,59 +34,37 @@ CHUNK_SPANS = 512  # spans decoded or applied between two yields to the event lo
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 _OK = otlp.ExportTraceServiceResponse().SerializeToString()
-_parse = LiteRequest.FromString
-
-
-def parse_export(data: bytes) -> Any:
-    """One parse of an Export body with the fast path's schema; ``InvalidInput`` if malformed.
-
-    It validates the whole request (structure, UTF-8) as the generated class would; its
-    schema hands over span attributes as bytes (see _rawdecode), which the decoder validates
-    as it reads them.
-    """
-    try:
-        return _parse(data)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InvalidInput(
-            f"malformed OTLP ExportTraceServiceRequest ({len(data)} bytes): {exc}"
-        ) from None
-
-
-def decode_chunk(chunk: list[Any]) -> Decoded:
-    """Decode (and so validate) one chunk of ``lite_chunks``; ``InvalidInput`` if malformed."""
-    decoded = Decoded()
-    for spans in chunk:
-        decode_lite_spans(spans, decoded)
-    return decoded
 
 
 async def ingest_export(app: Any, data: bytes, principal: Principal) -> tuple[int, list[str]]:
     """The one ingest path of both OTLP transports (gRPC here, HTTP in ``_http``).
 
-    Parses, decodes and applies one serialized ``ExportTraceServiceRequest`` for
-    ``principal``, then awaits ``registry.budgets.sync()``. Returns (rejected spans, the
-    first error texts) for ``partial_success``; raises a ``GuardError`` (``InvalidInput`` for
-    a malformed body) that refuses the whole request. ``app`` provides ``registry`` and
-    ``turns`` (TenantTurns).
+    Decodes and applies one serialized ``ExportTraceServiceRequest`` for ``principal``, then
+    awaits ``registry.budgets.sync()``. Returns (rejected spans, the first error texts) for
+    ``partial_success``; raises a ``GuardError`` (``InvalidInput`` for a malformed body) that
+    refuses the whole request. ``app`` provides ``registry`` and ``turns`` (TenantTurns).
     """
     registry = app.registry
-    request = parse_export(data)
-    # Decode (and so validate) every chunk before applying any: a malformed attribute
-    # refuses the whole request, as before. A large request yields to the event loop
-    # between chunks, so one 16 MiB batch cannot hold it (and every cancel behind it)
-    # for long.
+    slices = decode_slices(data, CHUNK_SPANS)
+    # Decode (and so validate) every slice before applying any: a malformed request is
+    # refused whole. A large request yields to the event loop between slices, so one 16 MiB
+    # batch cannot hold it (and every cancel behind it) for long.
+    first = next(slices, None)
+    second = next(slices, None) if first is not None else None
     rejected, errors = 0, []
-    pieces = list(lite_chunks(request, CHUNK_SPANS))
-    if len(pieces) == 1:  # the usual case: one slice, no trip through the loop
-        rejected, errors = registry.ingest(decode_chunk(pieces[0]), principal)
-    elif pieces:  # sliced: one such request per tenant at a time (see _fair)
+    if second is None:  # the usual case: one slice, no trip through the loop
+        if first is not None:
+            rejected, errors = registry.ingest(first, principal)
+    else:  # sliced: one such request per tenant at a time (see _fair)
         async with app.turns.turn(principal.tenant):
-            chunks: list[Decoded] = []
-            for chunk in pieces:
-                if chunks:
-                    await asyncio.sleep(0)
-                chunks.append(decode_chunk(chunk))
-            for decoded in chunks:
+            parts = [first, second]
+            while True:
+                await asyncio.sleep(0)
+                part = next(slices, None)
+                if part is None:
+                    break
+                parts.append(part)
+            for decoded in parts:
                 await asyncio.sleep(0)  # before each: the last decode ran just before
                 r, e = registry.ingest(decoded, principal)
                 rejected += r

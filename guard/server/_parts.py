@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Decision, Outcome, TenantBudget, Usage
     from guard.records import DecisionRecord
     from guard.server._auth import Principal
-    from guard.server._decode import Observation
     from guard.server._fanout import AgentSession
+    from guard.server._schema import Observation
     from guard.server._state import RunState
     from guard.v1 import guard_pb2 as pb
 

@@ -35,7 +35,6 @@ from guard.policy import PolicyConfig
 from guard.server._admission import Admission
 from guard.server._auth import Principal
 from guard.server._decisions import DecisionRouter
-from guard.server._decode import Decoded
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import SpanApplier
 from guard.server._lifecycle import Lifecycle
@@ -47,6 +46,7 @@ from guard.server._parts import (
     local_parts,
 )
 from guard.server._rejoin import Rejoin
+from guard.server._schema import Decoded
 from guard.server._scope import Scope
 from guard.server._state import RunState
 from guard.server._status import PermissionDenied, UnknownRun

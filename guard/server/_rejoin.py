@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from guard.policy import Budget, DecidedBy, LoopDetector, Reason
 from guard.server._auth import Principal
-from guard.server._decode import SEQ, TENANT, Decoded
+from guard.server._schema import SEQ, TENANT, Decoded
 from guard.server._scope import RunPart, Scope
 from guard.server._state import SeqGate
 from guard.server._table import PROVISIONAL_SPANS_MAX, PROVISIONAL_SPANS_TOTAL
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._decisions import DecisionRouter
-    from guard.server._decode import Observation
     from guard.server._parts import RunDirectory, TenantBudgets
+    from guard.server._schema import Observation
     from guard.server._state import RunState
 
 # the registry's span path, for the spans a provisional run kept (Registry.ingest: the

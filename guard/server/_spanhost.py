@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Decision, Phase, PolicyConfig, Usage
-    from guard.server._decode import Observation
     from guard.server._parts import TenantBudgets
+    from guard.server._schema import Observation
     from guard.server._state import RunState
 
 __all__ = ["SpanHost", "Touched", "flush"]

@@ -17,7 +17,7 @@ from guard.server._status import UnknownRun
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server._auth import Principal
-    from guard.server._decode import Observation
+    from guard.server._schema import Observation
     from guard.server._state import RunState
 
 __all__ = ["ENDED_MEMORY", "PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "RunTable"]

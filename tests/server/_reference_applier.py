@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from guard.policy import Phase, Usage
-from guard.server._decode import (
+from guard.server._ingest import SpanApplier, Touched
+from guard.server._schema import (
     ACTION_FP,
     ATTEMPTS,
     CACHED,
@@ -43,7 +44,6 @@ from guard.server._decode import (
     TOOL_NAME,
     TRACE_ID,
 )
-from guard.server._ingest import SpanApplier, Touched
 
 __all__ = ["ReferenceApplier"]
 

@@ -90,6 +90,42 @@ def trace_id_of(n: int) -> bytes:
     return n.to_bytes(16, "big")
 
 
+# -- wire-level builders: requests with attributes given as their encoded bytes -------------
+def varint(n: int) -> bytes:
+    """The protobuf varint of ``n`` (negative numbers as their 64-bit two's complement)."""
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(number: int, wire: int, payload: bytes | int) -> bytes:
+    """One protobuf field: wire 0 takes an int, 2 bytes, 1 and 5 the fixed-size bytes."""
+    tag = varint(number << 3 | wire)
+    if wire == 0:
+        return tag + varint(payload)  # type: ignore[arg-type]
+    if wire in (1, 5):
+        return tag + payload  # type: ignore[operator]
+    return tag + varint(len(payload)) + payload  # type: ignore[arg-type]
+
+
+def raw_span(name: str, trace_id: bytes, attributes: list[bytes], **more: bytes) -> bytes:
+    """A serialized Span: name, trace id and the given encoded KeyValues, then ``more``
+    (already encoded fields, in order)."""
+    out = field(1, 2, trace_id) + field(5, 2, name.encode())
+    out += b"".join(field(9, 2, a) for a in attributes)
+    return out + b"".join(more.values())
+
+
+def raw_request(*spans: bytes) -> bytes:
+    """A serialized ExportTraceServiceRequest holding ``spans`` in one ScopeSpans."""
+    scope_spans = b"".join(field(2, 2, s) for s in spans)
+    return field(1, 2, field(2, 2, scope_spans))
+
+
 class Agent:
     """A hand-rolled GuardControl client: hello, run_started, auto-ack, message log."""
 

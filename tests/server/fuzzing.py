@@ -6,8 +6,8 @@ insertions, splices, or plain random bytes), AgentMessages of every kind with ex
 (serialized and sometimes byte-mutated), and admin / health request bodies.
 
 :class:`InProcess` feeds them through the guard's real code without a network: the OTLP
-body through ``_otlp.parse_export`` (``LiteRequest.FromString``), ``lite_chunks`` and
-``decode_chunk`` into ``Registry.ingest``, exactly as the Export handler does; agent messages
+body through ``_decode.decode_slices`` (the native decoder, with its fallback to the reference)
+into ``Registry.ingest``, exactly as the Export handler does; agent messages
 through the ``guard.wire`` checks into the registry as the control reader does. A
 ``GuardError`` is the clear status a client would get; anything else is a crash.
 :func:`violations` checks the state invariants: no non-finite value in a run budget or a
@@ -30,11 +30,14 @@ from guard.errors import GuardError
 from guard.policy import PolicyConfig
 from guard.server import MemorySink
 from guard.server._auth import Principal
-from guard.server._decode import _FLOAT, _INT, _KEYS, _STR
+from guard.server._decode import decode_slices
 from guard.server._fanout import AgentSession
-from guard.server._otlp import CHUNK_SPANS, decode_chunk, parse_export
-from guard.server._rawdecode import lite_chunks
+from guard.server._otlp import CHUNK_SPANS
 from guard.server._registry import Registry
+from guard.server._schema import FLOAT as _FLOAT
+from guard.server._schema import INT as _INT
+from guard.server._schema import KEYS as _KEYS
+from guard.server._schema import STR as _STR
 from guard.v1 import guard_pb2 as pb
 from guard.wire import check_heartbeat, check_hello, check_run_started, outcome_from_pb
 
@@ -270,9 +273,8 @@ class InProcess:
         start = clock()
         chunks = []
         try:
-            request = parse_export(data)
-            for c in lite_chunks(request, CHUNK_SPANS):
-                chunks.append(decode_chunk(c))
+            for c in decode_slices(data, CHUNK_SPANS):
+                chunks.append(c)
                 start = self._slice(start, clock())
         except GuardError:
             self.refused += 1

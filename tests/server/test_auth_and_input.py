@@ -21,6 +21,8 @@ from .conftest import (
     Agent,
     config,
     model_span,
+    raw_request,
+    raw_span,
     request,
     trace_id_of,
     two_tenants,
@@ -214,8 +216,6 @@ async def test_malformed_attribute_refuses_the_whole_request(guard):
     full parse would) and nothing of it is applied, not even the valid spans before it."""
     from opentelemetry.proto.common.v1 import common_pb2
 
-    from guard.server._rawdecode import LiteRequest
-
     agent = Agent(guard.address)
     await agent.connect()
     tid = trace_id_of(6)
@@ -223,12 +223,10 @@ async def test_malformed_attribute_refuses_the_whole_request(guard):
     good = model_span("m", tid, tokens_in=7, tokens_out=1)
     bad_value = common_pb2.AnyValue(string_value="x").SerializeToString().replace(b"x", b"\xff")
     bad = b"\x0a\x0bhttp.method\x12" + bytes([len(bad_value)]) + bad_value
-    attrs = [kv.SerializeToString() for kv in good.attributes]
-    spans = [
-        {"name": good.name, "trace_id": tid, "attributes": attrs},
-        {"name": "GET /", "trace_id": tid, "attributes": [bad]},
-    ]
-    data = LiteRequest(resource_spans=[{"scope_spans": [{"spans": spans}]}]).SerializeToString()
+    data = raw_request(
+        raw_span(good.name, tid, [kv.SerializeToString() for kv in good.attributes]),
+        raw_span("GET /", tid, [bad]),
+    )
     raw = agent.channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await raw(data)

@@ -1,8 +1,8 @@
 """Fuzz: raw bytes and structured mutations into the guard's real fast parse path and its real
 servicers (the bounded run of ``make test``; ``benchmarks/fuzz_soak.py`` runs >= 1M).
 
-In process, bodies go through ``_otlp.parse_export`` (``LiteRequest.FromString``), the chunked
-decoder and ``Registry.ingest``, and agent messages through the wire checks into the registry
+In process, bodies go through ``_decode.decode_slices`` (the native decoder, falling back to the
+reference for what it does not answer for) and ``Registry.ingest``, and agent messages through the wire checks into the registry
 (tests/server/fuzzing.py); over grpc, raw bodies reach OTLP Export, GuardControl.Attach,
 GuardAdmin and Health on a real guard with auth. Checked per message or batch: nothing but a
 ``GuardError`` escapes, no UNKNOWN / INTERNAL, no traceback or ERROR logged, health answers
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from guard.errors import InvalidInput
 from guard.server import ServerThread
-from guard.server._otlp import CHUNK_SPANS, decode_chunk, parse_export
-from guard.server._rawdecode import lite_chunks
+from guard.server._decode import decode_slices
+from guard.server._otlp import CHUNK_SPANS
 
 from .conftest import AUTH, AUTH_ENV
 from .fuzz_remote import Remote, drive
@@ -33,12 +33,11 @@ OVER_GRPC_MESSAGES = 400
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=1024))
 def test_random_bytes_reach_the_fast_parse_path(data):
-    """Raw bytes into LiteRequest.FromString and the decoder behind it: either a request, or
+    """Raw bytes into the decoder (native, then the reference): either a request, or
     InvalidInput (the handler's INVALID_ARGUMENT); never another exception."""
     try:
-        request = parse_export(data)
-        for chunk in lite_chunks(request, CHUNK_SPANS):
-            decode_chunk(chunk)
+        for _ in decode_slices(data, CHUNK_SPANS):
+            pass
     except InvalidInput:
         pass
 
