@@ -2,8 +2,8 @@
 
 Two parts, one JSON report:
 
-* in process (most messages): OTLP bodies through ``_otlp.parse_export``
-  (``LiteRequest.FromString``), the chunked decoder and ``Registry.ingest``; agent messages
+* in process (most messages): OTLP bodies through ``_decode.decode_slices`` (the native
+  decoder, with its fallback to the reference) and ``Registry.ingest``; agent messages
   through the wire checks into the registry (tests/server/fuzzing.py). A pool of structured
   bodies is generated from the seed, then each message is a pool body, a byte mutation of
   one, or a fresh body. The loop hold is the longest stretch of work between two points where

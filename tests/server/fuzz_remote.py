@@ -1,8 +1,8 @@
 """The fuzz harness's network side: raw bodies into a real guard's servicers over grpc.
 
 Bodies go out as raw bytes (no client-side serializer), so every mutation reaches the
-server's own decoding: the OTLP handler's ``LiteRequest.FromString``, the safe deserializers
-of GuardControl, GuardAdmin and Health. :data:`CRASH_CODES` are the answers a client's
+server's own decoding: the OTLP handler's ``decode_slices`` (native, then the reference), the
+safe deserializers of GuardControl, GuardAdmin and Health. :data:`CRASH_CODES` are the answers a client's
 mistake must never get (UNKNOWN / INTERNAL: a server bug; DEADLINE_EXCEEDED: it hung).
 """
 
