@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from guard.server import decode_request
 from guard.server._schema import (
     KIND_MODEL,
@@ -128,3 +130,11 @@ def test_integral_doubles_and_numeric_strings_are_counters():
     s = model_span("r", TID, tokens_in=12.0, tokens_out="7")
     d = decode_request(request(s))
     assert (d.observations[0].input_tokens, d.observations[0].output_tokens) == (12, 7)
+
+
+@pytest.mark.parametrize("text", ["²", "١٢", "٣"])  # digits to str.isdigit(), not to int()
+def test_non_ascii_digit_strings_are_rejected_not_a_crash(text):
+    """A counter given as "²" (``str.isdigit()`` is True, ``int("²")`` raises) is a rejected
+    span with the reference's words, never an exception out of the decoder."""
+    d = decode_request(request(model_span("r", TID, tokens_in=text)))
+    assert d.rejected == 1 and "expected an integer" in d.errors[0]
