@@ -230,6 +230,8 @@ class Escalations:
             self._add_model_call_locked(
                 input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
             )
+            if self._quiet_locked(rank):  # the usual case, without another call
+                return self._seq, None
             return self._seq, self._escalation_locked(_AFTER_MODEL, None, rank)
 
     def tool_call_escalation(
@@ -250,4 +252,6 @@ class Escalations:
                 u.tool_calls += 1
                 u.tool_attempts += attempts
             self._seq += 1
+            if loop is None and self._quiet_locked(rank):  # the usual case, without another call
+                return self._seq, None
             return self._seq, self._escalation_locked(_AFTER_TOOLS, loop, rank)
