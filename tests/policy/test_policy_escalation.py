@@ -174,7 +174,8 @@ def test_record_then_escalation_paths_are_record_then_decide(
 def test_escalation_at_exact_trigger_points() -> None:
     """Usage exactly at a soft threshold or limit, where float rounding could bite."""
     for limit in (3, 7, 10, 12, 100, 1000, 60_000):
-        for frac in (0.7, 0.9, 1.0, 0.333, 0.1):
+        # 0.07, 0.14, 0.56: fraction * limit rounds above the count whose used / limit is it
+        for frac in (0.7, 0.9, 1.0, 0.333, 0.1, 0.07, 0.14, 0.56):
             lim = Limits(max_tokens=limit, max_steps=limit, soft_thresholds=(frac, frac))
             for used in range(max(0, int(limit * frac) - 2), int(limit * frac) + 3):
                 b = Budget(lim)
