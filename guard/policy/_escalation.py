@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._loops import LoopVerdict
     from guard.policy._reservation import Reservation
 
-__all__ = ["Escalations", "Triggers", "triggers"]
+__all__ = ["UNSET", "Escalations", "Triggers", "triggers"]
 
 _AFTER_MODEL, _AFTER_TOOLS = Phase.AFTER_MODEL_CALL, Phase.AFTER_TOOL_BATCH
 _STOP_RANK = Action.STOP.rank
