@@ -275,9 +275,9 @@ def policy_breakdown(n: int) -> dict[str, float]:
         # What the SDK runs: the quick pre-check, a full decision only when one could fire.
         "decide_x3": timed(
             lambda i: (
-                budget.decide_quick(),
-                budget.decide_quick(phase=Phase.AFTER_MODEL_CALL),
-                budget.decide_quick(phase=Phase.AFTER_TOOL_BATCH),
+                budget.escalation(),
+                budget.escalation(phase=Phase.AFTER_MODEL_CALL),
+                budget.escalation(phase=Phase.AFTER_TOOL_BATCH),
             )
         ),
         "decide_x3_full": timed(
@@ -298,9 +298,9 @@ def policy_breakdown(n: int) -> dict[str, float]:
         # its quick decision under one lock (not part of "total", which keeps its meaning).
         "record_and_decide_fused": timed(
             lambda i: (
-                fused.step_if_quiet(0),
-                fused.model_call_quick(1200, 90, 0, 0, 0.003, 0),
-                fused.tool_calls_quick(1, None, None, 0),
+                fused.step_if_no_escalation(0),
+                fused.model_call_escalation(1200, 90, 0, 0, 0.003, 0),
+                fused.tool_call_escalation(1, None, None, 0),
             )
         ),
         "fingerprint_args": timed(

@@ -7,6 +7,7 @@ and the guard run this same code, so a decision means the same thing on both sid
 
 from guard.policy._allowance import ALLOWANCE_METRICS, AllowanceGrant, TenantAllowances
 from guard.policy._budget import Budget, Remaining, Reservation
+from guard.policy._canonical import canonicalize
 from guard.policy._config import (
     DEFAULT_PRICE_BOOK,
     AuthConfig,
@@ -18,7 +19,7 @@ from guard.policy._config import (
     limits_to_dict,
 )
 from guard.policy._decide import SoftLevel, decide, utilisation
-from guard.policy._fingerprint import Fingerprinter, canonicalize, hash64, native_available
+from guard.policy._fingerprint import Fingerprinter, hash64, native_available
 from guard.policy._forecast import Forecast, Forecaster
 from guard.policy._loops import LoopDetector, LoopVerdict
 from guard.policy._parse import parse_limits
@@ -35,6 +36,7 @@ from guard.policy._telemetry import MetricsSettings, parse_metrics
 from guard.policy._types import (
     CONTINUE,
     DEFAULT_SOFT_THRESHOLDS,
+    METRIC_REASON,
     REASON_STATUS,
     USAGE_COUNTERS,
     Action,
@@ -54,6 +56,7 @@ __all__ = [
     "CONTINUE",
     "DEFAULT_PRICE_BOOK",
     "DEFAULT_SOFT_THRESHOLDS",
+    "METRIC_REASON",
     "PRESETS",
     "REASON_STATUS",
     "ROLLING_METRICS",

@@ -3,23 +3,24 @@
 One lock per budget *tree*: a nested run's budget shares its root's lock, so recording into a
 child and all of its ancestors, or checking a reservation against the whole chain, is one
 atomic step. That is what keeps 32 threads reserving at once from overselling.
+
+The lineage (this budget's ancestors) is fixed at construction and kept as tuples, so
+recording walks no parent chain. Reservations are in ``_reservation.py``, the record-then-
+decide paths in ``_escalation.py``, snapshots and restores in ``_restore.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy._decide import decide as _decide
 from guard.policy._decide import utilisation as _utilisation
-from guard.policy._hotpath import HotPaths
-from guard.policy._reservation import Reservation, plain_counts, plain_money
+from guard.policy._escalation import UNSET, Escalations
+from guard.policy._reservation import Reservation, Reserving, plain_counts, plain_money
 from guard.policy._reservation import check_count as _count
 from guard.policy._reservation import check_money as _money
 from guard.policy._restore import Restorable
@@ -46,7 +47,7 @@ class Remaining:
     model_calls: int | None = None
 
 
-class Budget(HotPaths, Restorable):
+class Budget(Escalations, Reserving, Restorable):
     """Thread-safe per-run budget (one lock shared by the whole parent chain).
 
     ``clock`` is a monotonic clock in seconds (injected for tests). A ``parent`` budget (the
@@ -56,10 +57,10 @@ class Budget(HotPaths, Restorable):
 
     # Slots: the guard keeps one Budget per live run (memory goal <= 4 KB per run in total).
     __slots__ = (
+        "_ancestors",
         "_clock",
         "_limits",
         "_lock",
-        "_parent",
         "_paused_at",
         "_paused_total",
         "_reservations",
@@ -68,6 +69,7 @@ class Budget(HotPaths, Restorable):
         "_started",
         "_trig",
         "_usage",
+        "_usages",
     )
 
     def __init__(
@@ -79,9 +81,14 @@ class Budget(HotPaths, Restorable):
     ) -> None:
         self._limits = limits
         self._clock = clock
-        self._parent = parent
         self._lock: threading.Lock = parent._lock if parent is not None else threading.Lock()
         self._usage = Usage()
+        # The lineage, computed once: the ancestors (parent first), and the usage counters a
+        # record adds to (this budget's, then its ancestors'). No tuple holds the budget
+        # itself: a budget must stay free of reference cycles, since the guard frees ended
+        # runs by reference counting alone (server/_gc.py freezes what the collector saw).
+        self._ancestors: tuple[Budget, ...] = () if parent is None else (parent, *parent._ancestors)
+        self._usages: tuple[Usage, ...] = (self._usage, *(b._usage for b in self._ancestors))
         # Counted records of *this* budget (not its nested runs'), numbered under the lock:
         # the SDK puts the number on the span (``guard.seq``) so a restarted guard can tell
         # which spans a re-registration snapshot already holds (see ``snapshot``).
@@ -91,7 +98,7 @@ class Budget(HotPaths, Restorable):
         self._started = clock()
         self._paused_at: float | None = None
         self._paused_total = 0.0
-        self._trig: tuple[Limits | None, int, tuple[float, ...]] = (None, -1, ())
+        self._trig = UNSET  # this budget's trigger points (see _escalation.py)
 
     # -- limits and usage ---------------------------------------------------------------
     @property
@@ -100,7 +107,7 @@ class Budget(HotPaths, Restorable):
 
     @property
     def parent(self) -> Budget | None:
-        return self._parent
+        return self._ancestors[0] if self._ancestors else None
 
     def set_limits(self, limits: Limits) -> None:
         """Replace the limits (the caller passes already-tightened limits)."""
@@ -116,21 +123,15 @@ class Budget(HotPaths, Restorable):
         with self._lock:
             return self._reserved.copy()
 
-    def _chain(self) -> list[Budget]:
-        out: list[Budget] = []
-        b: Budget | None = self
-        while b is not None:
-            out.append(b)
-            b = b._parent
-        return out
+    def _lineage(self) -> tuple[Budget, ...]:
+        """This budget and its ancestors (for the paths that touch more than the counters)."""
+        return (self, *self._ancestors)
 
     def record_step(self) -> int:
         """One step; returns its record number (:attr:`seq`)."""
         with self._lock:
-            b: Budget | None = self
-            while b is not None:
-                b._usage.steps += 1
-                b = b._parent
+            for u in self._usages:
+                u.steps += 1
             self._seq += 1
             return self._seq
 
@@ -170,9 +171,7 @@ class Budget(HotPaths, Restorable):
         """Apply validated model-call usage to the whole chain (hot path: plain field
         increments, no temporary Usage objects) and number it. Caller holds the lock."""
         self._seq += 1
-        b: Budget | None = self
-        while b is not None:
-            u = b._usage
+        for u in self._usages:
             u.model_calls += 1
             u.input_tokens += input_tokens
             u.output_tokens += output_tokens
@@ -180,7 +179,6 @@ class Budget(HotPaths, Restorable):
             u.cached_tokens += cached
             if cost is not None:
                 u.cost_usd = (u.cost_usd or 0.0) + cost
-            b = b._parent
 
     def record_tool_calls(
         self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None
@@ -195,121 +193,13 @@ class Budget(HotPaths, Restorable):
             attempts = _count("attempts", attempts)
         cost = None if cost_usd is None else _money("cost_usd", cost_usd)
         with self._lock:
-            b: Budget | None = self
-            while b is not None:
-                u = b._usage
+            for u in self._usages:
                 u.tool_calls += n
                 u.tool_attempts += attempts
                 if cost is not None:
                     u.cost_usd = (u.cost_usd or 0.0) + cost
-                b = b._parent
             self._seq += 1
             return self._seq
-
-    # -- reservations ---------------------------------------------------------------------
-    def reserve(
-        self,
-        *,
-        tokens: int = 0,
-        cost_usd: float = 0.0,
-        tool_calls: int = 0,
-        ttl_s: float | None = None,
-    ) -> Reservation:
-        """Hold an estimate atomically against this budget and every ancestor.
-
-        Raises :class:`BudgetExceeded` (with the metric, the request and what is available)
-        when used + reserved + request would pass a hard limit anywhere in the chain.
-        """
-        tokens = _count("tokens", tokens)
-        cost = _money("cost_usd", cost_usd)
-        tool_calls = _count("tool_calls", tool_calls)
-        if ttl_s is not None and (not math.isfinite(ttl_s) or ttl_s <= 0):
-            raise InvalidInput(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
-        with self._lock:
-            now = self._clock()
-            chain = self._chain()
-            for b in chain:
-                b._release_expired_locked(now)
-            for b in chain:
-                b._check_locked(tokens, cost, tool_calls)
-            res = Reservation(
-                self, tokens, cost, tool_calls, None if ttl_s is None else now + ttl_s
-            )
-            delta = Usage(input_tokens=tokens, tool_calls=tool_calls, cost_usd=cost)
-            for b in chain:
-                b._reserved.add(delta)
-                # Every budget of the chain lists it, so a parent's release_expired() also
-                # sweeps what an abandoned nested run left behind.
-                b._reservations.append(res)
-            return res
-
-    def held(self) -> tuple[float, int]:
-        """``(cost_usd, tokens)`` used + reserved, sub-runs included (what a tenant allowance
-        must cover)."""
-        with self._lock:
-            u, r = self._usage, self._reserved
-            return ((u.cost_usd or 0.0) + (r.cost_usd or 0.0), u.tokens + r.tokens)
-
-    def _check_locked(self, tokens: int, cost: float, tool_calls: int) -> None:
-        lim, u, r = self._limits, self._usage, self._reserved
-        checks: tuple[tuple[str, float, float | None, float], ...] = (
-            ("tokens", tokens, lim.max_tokens, u.tokens + r.tokens),
-            ("cost_usd", cost, lim.max_cost_usd, (u.cost_usd or 0.0) + (r.cost_usd or 0.0)),
-            ("tool_calls", tool_calls, lim.max_tool_calls, u.tool_calls + r.tool_calls),
-        )
-        for metric, want, limit, held in checks:
-            if limit is None or not want:
-                continue
-            available = max(0.0, limit - held)
-            # A tiny epsilon so float cost sums that equal the limit are not refused.
-            if want > available + 1e-12:
-                raise BudgetExceeded(
-                    f"reserving {metric}={want:g} would oversell the budget: "
-                    f"limit {limit:g}, used+reserved {held:g}, available {available:g}",
-                    metric=metric,
-                    requested=float(want),
-                    available=float(available),
-                )
-
-    def _finish(self, res: Reservation, actual: Usage | None) -> None:
-        with self._lock:
-            if res.done:
-                return
-            res.done = True
-            self._drop_locked(res)
-            if actual is not None:
-                for b in self._chain():
-                    b._usage.add(actual)
-
-    def _drop_locked(self, res: Reservation) -> None:
-        neg = Usage(input_tokens=-res.tokens, tool_calls=-res.tool_calls, cost_usd=-res.cost_usd)
-        for b in self._chain():
-            b._reserved.add(neg)
-            if b._reserved.cost_usd is not None and abs(b._reserved.cost_usd) < 1e-12:
-                b._reserved.cost_usd = 0.0
-            with contextlib.suppress(ValueError):
-                b._reservations.remove(res)
-
-    def _release_expired_locked(self, now: float) -> int:
-        expired = [
-            r for r in self._reservations if r.expires_at is not None and r.expires_at <= now
-        ]
-        for r in expired:
-            r.done = True
-            r.owner._drop_locked(r)
-        return len(expired)
-
-    def release_expired(self) -> int:
-        """Drop reservations past their ttl (never settled), nested runs' included; returns
-        how many."""
-        with self._lock:
-            return self._release_expired_locked(self._clock())
-
-    @property
-    def outstanding(self) -> int:
-        """Unsettled reservations held against this budget (its own and its nested runs')."""
-        with self._lock:
-            return len(self._reservations)
 
     # -- time -----------------------------------------------------------------------------
     def elapsed_s(self) -> float:

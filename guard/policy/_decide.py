@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from guard.policy._types import (
     CONTINUE,
+    METRIC_REASON,
     REASON_STATUS,
     Action,
     Decision,
@@ -27,7 +28,7 @@ from guard.policy._types import (
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._loops import LoopVerdict
 
-__all__ = ["SoftLevel", "could_act", "decide", "utilisation"]
+__all__ = ["SoftLevel", "decide", "utilisation"]
 
 
 def _fmt(x: float | int) -> str:
@@ -79,16 +80,6 @@ def utilisation(
         if f > best:
             best, metric = f, "tool_calls"
     return (None, None) if metric is None else (best, metric)
-
-
-_METRIC_REASON = {
-    "elapsed_s": Reason.DEADLINE,
-    "steps": Reason.MAX_STEPS,
-    "model_calls": Reason.MAX_STEPS,
-    "tokens": Reason.TOKEN_BUDGET,
-    "cost_usd": Reason.COST_BUDGET,
-    "tool_calls": Reason.MAX_TOOL_CALLS,
-}
 
 
 def _stop(reason: Reason, util: float | None, metric: str | None, message: str) -> Decision:
@@ -175,7 +166,7 @@ def decide(
         return Decision(
             Action.WRAP_UP,
             None,
-            _METRIC_REASON[metric],
+            METRIC_REASON[metric],
             util,
             metric,
             f"{metric} at {util:.0%} of its limit (wrap_up threshold {soft[1]:.0%})",
@@ -187,7 +178,7 @@ def decide(
         return Decision(
             Action.WARN,
             None,
-            _METRIC_REASON[metric],
+            METRIC_REASON[metric],
             util,
             metric,
             f"{metric} at {util:.0%} of its limit (warn threshold {soft[0]:.0%})",
@@ -223,119 +214,7 @@ def _reserve_check(
     return None
 
 
-# -- the quick pre-check ------------------------------------------------------------------
-# Most evaluations on an agent's hot path (three per step) return a plain CONTINUE. could_act()
-# rules that out with a handful of comparisons against trigger points precomputed per Limits
-# object: the usage at which *any* check of decide() that can produce an action stronger than
-# the caller's current level could fire. It never changes a decision: when it cannot rule one
-# out, the caller runs decide() itself.
-
-_RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
-# Relative slack below every fractional trigger, so that float rounding in
-# ``used / limit >= fraction`` (utilisation) can never fire where the trigger would not.
-_SLACK = 1e-9
-_NEVER = math.inf
-_ALWAYS = -math.inf
-# (id(limits), rank) -> (limits, triggers). Holding the Limits keeps its id from being reused
-# while cached; bounded because limits objects come from code and policy, a few per process.
-_TRIGGERS: dict[tuple[int, int], tuple[Limits, tuple[float, ...]]] = {}
-_TRIGGERS_MAX = 4096
-# The most recent (limits, rank, triggers): replaced whole, never mutated.
-_LAST: tuple[Limits | None, int, tuple[float, ...]] = (None, -1, ())
-
-
-def _fraction_trigger(limit: float | None, fraction: float) -> float:
-    if limit is None:
-        return _NEVER
-    if not (limit > 0 and fraction > 0) or not math.isfinite(fraction):
-        return _ALWAYS  # 0 limits, 0/negative/NaN thresholds: leave it all to decide()
-    return fraction * limit * (1.0 - _SLACK)
-
-
-def _triggers(limits: Limits, rank: int) -> tuple[float, ...]:
-    key = (id(limits), rank)
-    hit = _TRIGGERS.get(key)
-    if hit is not None and hit[0] is limits:
-        return hit[1]
-    soft = limits.soft_thresholds
-    if rank == 0:  # anything but CONTINUE matters: the lowest soft threshold
-        fraction = min((1.0, *soft))
-    elif rank == 1:  # already warned: only WRAP_UP (second threshold, reserve) or STOP
-        fraction = min(1.0, soft[1]) if len(soft) >= 2 else 1.0
-    else:  # already told to wrap up: only a hard stop
-        fraction = 1.0
-    if any(not isinstance(x, int | float) or math.isnan(x) for x in soft):
-        fraction = _ALWAYS
-    reserve = rank < 2  # the final-answer reserve yields WRAP_UP
-    tokens_reserve = _NEVER
-    if reserve and limits.max_tokens is not None and limits.reserve_tokens:
-        tokens_reserve = limits.max_tokens - limits.reserve_tokens
-    elapsed_reserve = _NEVER
-    if reserve and limits.deadline_s is not None and limits.reserve_s:
-        elapsed_reserve = limits.deadline_s - limits.reserve_s
-    trig = (
-        _fraction_trigger(limits.max_steps, fraction),
-        _fraction_trigger(limits.max_model_calls, fraction),
-        _fraction_trigger(limits.max_tokens, fraction),
-        tokens_reserve,
-        _fraction_trigger(limits.max_cost_usd, fraction),
-        _fraction_trigger(limits.max_tool_calls, fraction),
-        _fraction_trigger(limits.deadline_s, fraction),
-        elapsed_reserve,
-    )
-    if len(_TRIGGERS) >= _TRIGGERS_MAX:
-        _TRIGGERS.clear()
-    _TRIGGERS[key] = (limits, trig)
-    return trig
-
-
-def could_act(
-    limits: Limits,
-    usage: Usage,
-    *,
-    elapsed_s: float | None,
-    reserved: Usage | None = None,
-    above: Action = Action.CONTINUE,
-) -> bool:
-    """False only when :func:`decide` (without cancel, completion or a loop verdict) is certain
-    to return nothing stronger than ``above``; True means "run decide() to know".
-
-    A caller that has already been given a WARN (or WRAP_UP) passes it as ``above``: weaker
-    decisions would be ignored anyway, so fewer checks need a full evaluation.
-    """
-    return _could_act(limits, usage, elapsed_s, reserved, _RANK[above])
-
-
-def _could_act(
-    limits: Limits, usage: Usage, elapsed_s: float | None, reserved: Usage | None, rank: int
-) -> bool:
-    """:func:`could_act` with positional arguments and the level as a rank (hot path)."""
-    if rank >= 3:
-        return False
-    global _LAST
-    last = _LAST  # one atomic read of an immutable tuple: safe with concurrent writers
-    if last[0] is limits and last[1] == rank:  # one run stepping: no key, no lookup
-        t = last[2]
-    else:
-        hit = _TRIGGERS.get((id(limits), rank))
-        t = hit[1] if hit is not None and hit[0] is limits else _triggers(limits, rank)
-        _LAST = (limits, rank, t)
-    tokens = usage.input_tokens + usage.output_tokens
-    if (
-        usage.steps >= t[0]
-        or usage.model_calls >= t[1]
-        or tokens >= t[2]
-        or usage.tool_calls >= t[5]
-    ):
-        return True
-    if t[3] != _NEVER and tokens + (reserved.tokens if reserved is not None else 0) >= t[3]:
-        return True
-    if usage.cost_usd is not None and usage.cost_usd >= t[4]:
-        return True
-    return elapsed_s is not None and (elapsed_s >= t[6] or elapsed_s >= t[7])
-
-
-_LEVELS = (Action.CONTINUE, Action.WARN, Action.WRAP_UP)
+_BY_RANK = tuple(Action)  # rank -> action
 
 
 class SoftLevel:
@@ -348,23 +227,16 @@ class SoftLevel:
 
     __slots__ = ("_level", "_lock")
 
-    _RANK: ClassVar[dict[Action, int]] = {
-        Action.CONTINUE: 0,
-        Action.WARN: 1,
-        Action.WRAP_UP: 2,
-        Action.STOP: 3,
-    }
-
     def __init__(self) -> None:
         self._level = 0
         self._lock = threading.Lock()
 
     @property
     def level(self) -> Action:
-        return _LEVELS[self._level]
+        return _BY_RANK[self._level]
 
     def advance(self, decision: Decision) -> Action | None:
-        rank = self._RANK[decision.action]
+        rank = decision.action.rank
         if rank == 0 or rank == 3:
             return None
         with self._lock:

@@ -1,17 +1,19 @@
-"""Reservations: an estimate held against a budget until settled or released."""
+"""Reservations: an estimate held against a budget (and its ancestors) until settled or
+released, and the budget's side of them (:class:`Reserving`, a mixin of the Budget)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import TYPE_CHECKING, Any
 
-from guard.errors import InvalidInput
+from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy._types import Usage
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._budget import Budget
 
-__all__ = ["Reservation", "check_count", "check_money"]
+__all__ = ["Reservation", "Reserving", "check_count", "check_money"]
 
 
 def check_count(name: str, v: object) -> int:
@@ -107,3 +109,115 @@ class Reservation:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class Reserving:
+    """Mixin of :class:`~guard.policy.Budget` (it owns the state; this holds no slots).
+
+    A reservation is checked against, held by and listed on every budget of the lineage, so
+    a parent's :meth:`release_expired` also sweeps what an abandoned nested run left behind.
+    """
+
+    __slots__ = ()
+
+    def reserve(
+        self,
+        *,
+        tokens: int = 0,
+        cost_usd: float = 0.0,
+        tool_calls: int = 0,
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        """Hold an estimate atomically against this budget and every ancestor.
+
+        Raises :class:`BudgetExceeded` (with the metric, the request and what is available)
+        when used + reserved + request would pass a hard limit anywhere in the chain.
+        """
+        tokens = check_count("tokens", tokens)
+        cost = check_money("cost_usd", cost_usd)
+        tool_calls = check_count("tool_calls", tool_calls)
+        if ttl_s is not None and (not math.isfinite(ttl_s) or ttl_s <= 0):
+            raise InvalidInput(f"ttl_s must be a finite number > 0, got {ttl_s!r}")
+        with self._lock:
+            now = self._clock()
+            lineage = self._lineage()
+            for b in lineage:
+                b._release_expired_locked(now)
+            for b in lineage:
+                b._check_locked(tokens, cost, tool_calls)
+            res = Reservation(
+                self, tokens, cost, tool_calls, None if ttl_s is None else now + ttl_s
+            )
+            delta = Usage(input_tokens=tokens, tool_calls=tool_calls, cost_usd=cost)
+            for b in lineage:
+                b._reserved.add(delta)
+                b._reservations.append(res)
+            return res
+
+    def held(self) -> tuple[float, int]:
+        """``(cost_usd, tokens)`` used + reserved, sub-runs included (what a tenant allowance
+        must cover)."""
+        with self._lock:
+            u, r = self._usage, self._reserved
+            return ((u.cost_usd or 0.0) + (r.cost_usd or 0.0), u.tokens + r.tokens)
+
+    def _check_locked(self, tokens: int, cost: float, tool_calls: int) -> None:
+        lim, u, r = self._limits, self._usage, self._reserved
+        checks: tuple[tuple[str, float, float | None, float], ...] = (
+            ("tokens", tokens, lim.max_tokens, u.tokens + r.tokens),
+            ("cost_usd", cost, lim.max_cost_usd, (u.cost_usd or 0.0) + (r.cost_usd or 0.0)),
+            ("tool_calls", tool_calls, lim.max_tool_calls, u.tool_calls + r.tool_calls),
+        )
+        for metric, want, limit, held in checks:
+            if limit is None or not want:
+                continue
+            available = max(0.0, limit - held)
+            # A tiny epsilon so float cost sums that equal the limit are not refused.
+            if want > available + 1e-12:
+                raise BudgetExceeded(
+                    f"reserving {metric}={want:g} would oversell the budget: "
+                    f"limit {limit:g}, used+reserved {held:g}, available {available:g}",
+                    metric=metric,
+                    requested=float(want),
+                    available=float(available),
+                )
+
+    def _finish(self, res: Reservation, actual: Usage | None) -> None:
+        with self._lock:
+            if res.done:
+                return
+            res.done = True
+            self._drop_locked(res)
+            if actual is not None:
+                for u in self._usages:
+                    u.add(actual)
+
+    def _drop_locked(self, res: Reservation) -> None:
+        neg = Usage(input_tokens=-res.tokens, tool_calls=-res.tool_calls, cost_usd=-res.cost_usd)
+        for b in self._lineage():
+            b._reserved.add(neg)
+            if b._reserved.cost_usd is not None and abs(b._reserved.cost_usd) < 1e-12:
+                b._reserved.cost_usd = 0.0
+            with contextlib.suppress(ValueError):
+                b._reservations.remove(res)
+
+    def _release_expired_locked(self, now: float) -> int:
+        expired = [
+            r for r in self._reservations if r.expires_at is not None and r.expires_at <= now
+        ]
+        for r in expired:
+            r.done = True
+            r.owner._drop_locked(r)
+        return len(expired)
+
+    def release_expired(self) -> int:
+        """Drop reservations past their ttl (never settled), nested runs' included; returns
+        how many."""
+        with self._lock:
+            return self._release_expired_locked(self._clock())
+
+    @property
+    def outstanding(self) -> int:
+        """Unsettled reservations held against this budget (its own and its nested runs')."""
+        with self._lock:
+            return len(self._reservations)

@@ -56,5 +56,5 @@ class Restorable:
         what its nested runs had spent when it was taken.
         """
         with self._lock:
-            self._usage = usage.copy()
+            self._usage.assign(usage)  # in place: the nested runs' lineages hold this object
             self._seq = max(self._seq, seq)

@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_SOFT_THRESHOLDS",
+    "METRIC_REASON",
     "USAGE_COUNTERS",
     "Action",
     "DecidedBy",
@@ -80,12 +81,35 @@ REASON_STATUS: dict[Reason, Status] = {
 
 
 class Action(StrEnum):
-    """What a decision asks the run to do."""
+    """What a decision asks the run to do, weakest first.
+
+    ``rank`` orders them by strength (CONTINUE 0, WARN 1, WRAP_UP 2, STOP 3): a run acts on a
+    decision only when it outranks what it was already told.
+    """
 
     CONTINUE = "continue"
     WARN = "warn"  # first soft threshold: stop exploring
     WRAP_UP = "wrap_up"  # second soft threshold: summarise now
     STOP = "stop"
+
+    rank: int  # set below, per member (a plain attribute: read on every span)
+
+
+for _rank, _action in enumerate(Action):  # definition order is the order of strength
+    _action.rank = _rank
+del _rank, _action
+
+
+# The stop reason of each budget metric (a limit's name in ``Decision.metric``): what a soft
+# threshold or a forecast on that metric is reported as.
+METRIC_REASON: dict[str, Reason] = {
+    "elapsed_s": Reason.DEADLINE,
+    "steps": Reason.MAX_STEPS,
+    "model_calls": Reason.MAX_STEPS,
+    "tokens": Reason.TOKEN_BUDGET,
+    "cost_usd": Reason.COST_BUDGET,
+    "tool_calls": Reason.MAX_TOOL_CALLS,
+}
 
 
 class Phase(StrEnum):
@@ -201,6 +225,12 @@ class Usage:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.cost_usd is not None:
             self.cost_usd = (self.cost_usd or 0.0) + other.cost_usd
+
+    def assign(self, other: Usage) -> None:
+        """Set every field from another usage, in place (this object's identity is kept)."""
+        for name in USAGE_COUNTERS:
+            setattr(self, name, getattr(other, name))
+        self.cost_usd = other.cost_usd
 
     def copy(self) -> Usage:
         return replace(self)

@@ -198,7 +198,7 @@ def record_tool_call(
             run.did_work = True
     d = None
     if quick:
-        seq, d = run.budget.tool_calls_quick(
+        seq, d = run.budget.tool_call_escalation(
             attempts, None, verdict if verdict.level is not _CONTINUE else None, run.soft._level
         )
     if step is not None:

@@ -334,7 +334,7 @@ class ForeignSpans(SpanProcessor):
         )
         sres = current_reservation.get()
         settles = sres.take() if sres is not None and sres.run is run else None
-        seq, d = run.budget.model_call_quick(
+        seq, d = run.budget.model_call_escalation(
             inp, out, reasoning, cached, cost, run.soft._level, settles
         )
         self.model_calls += 1

@@ -336,8 +336,8 @@ class Run:
         if self._interrupt is not None or self._pending is not None:
             self.check_stop()
         # Only a decision stronger than the soft level already given can change anything, and
-        # decide_quick() skips the evaluation when none can come out (hot path: 3 per step).
-        d = self.budget.decide_quick(phase=phase, above=self.soft.level)
+        # escalation() skips the evaluation when none can come out (hot path: 3 per step).
+        d = self.budget.escalation(phase=phase, above=self.soft.level)
         if d is not None and d.action is not Action.CONTINUE:
             self.apply(d, raise_now=True)
         if self.parent is not None:
@@ -345,7 +345,7 @@ class Run:
 
     def after(self, phase: Phase, loop: Any = None) -> None:
         """Evaluate after a model call / tool batch: a stop becomes pending."""
-        d = self.budget.decide_quick(phase=phase, loop=loop, above=self.soft.level)
+        d = self.budget.escalation(phase=phase, loop=loop, above=self.soft.level)
         if d is not None and d.action is not Action.CONTINUE:
             self.apply(d, raise_now=False)
         if self.parent is not None:
@@ -354,7 +354,7 @@ class Run:
     def _check_ancestors(self, phase: Phase, raise_now: bool = True) -> None:
         anc = self.parent
         while anc is not None:
-            d = anc.budget.decide_quick(phase=phase, above=Action.WRAP_UP)  # only stops matter
+            d = anc.budget.escalation(phase=phase, above=Action.WRAP_UP)  # only stops matter
             if d is not None and d.stop:
                 anc.apply(d, raise_now=False)  # the parent stops when the child unwinds
                 msg = f"parent run {anc.run_id}: {d.message}"

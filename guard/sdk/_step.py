@@ -99,7 +99,7 @@ class Step:
             run._interrupt is not None
             or run._pending is not None
             or run.parent is not None
-            or not (seq := run.budget.step_if_quiet(run.soft._level))
+            or not (seq := run.budget.step_if_no_escalation(run.soft._level))
         ):
             run.check(_BEFORE_STEP)
             seq = run.budget.record_step()
@@ -234,7 +234,7 @@ class Step:
         # Recorded and decided under one lock; the decision is applied once the span is out.
         # A reservation of this context (step.reserve) is settled by the call, in that lock.
         sres = _current_res_get()
-        seq, d = run.budget.model_call_quick(
+        seq, d = run.budget.model_call_escalation(
             input_tokens,
             output_tokens,
             reasoning_tokens,

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from guard.errors import InvalidInput
-from guard.policy import Action, DecidedBy, Decision, Phase, Reason, Status
+from guard.policy import METRIC_REASON, Action, DecidedBy, Decision, Phase, Reason, Status
 from guard.records import DecisionRecord
 from guard.server._auth import Principal
 from guard.server._scope import RunPart, Scope
@@ -42,22 +42,12 @@ FORECAST_HORIZON_STEPS = 2
 # (it is being carried out across the replicas meanwhile; the caller waits at most ~1 s).
 SELECTOR_DENY_S = 3.0
 _TENANT_RESCAN_S = 0.5  # after a tenant cut, re-check its runs at most this often
-_METRIC_REASON = {
-    "tokens": Reason.TOKEN_BUDGET,
-    "max_tokens": Reason.TOKEN_BUDGET,
-    "cost_usd": Reason.COST_BUDGET,
-    "max_cost_usd": Reason.COST_BUDGET,
-    "steps": Reason.MAX_STEPS,
-    "tool_calls": Reason.MAX_TOOL_CALLS,
-    "elapsed_s": Reason.DEADLINE,
-    "seconds": Reason.DEADLINE,
-}
 
 
 def _reason_of(d: Decision) -> str:
     if d.reason is not None:
         return str(d.reason.value)
-    r = _METRIC_REASON.get(d.metric or "")
+    r = METRIC_REASON.get(d.metric or "")
     return r.value if r is not None else ""
 
 
@@ -245,7 +235,7 @@ class DecisionRouter(RunPart):
         if fc.exhaust_step is None or fc.exhaust_step > step_index + FORECAST_HORIZON_STEPS:
             return
         run.forecast_warned = True
-        reason = _METRIC_REASON.get(fc.metric or "tokens", Reason.TOKEN_BUDGET)
+        reason = METRIC_REASON.get(fc.metric or "tokens", Reason.TOKEN_BUDGET)
         detail = (
             f"forecast: {fc.metric or 'tokens'} budget runs out at step {fc.exhaust_step} "
             f"(now step {step_index}; input tokens/step ≈ {fc.base_tokens:.0f} + "

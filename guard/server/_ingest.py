@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard.policy import Action, DecidedBy, Phase, Reason, Status, Usage
+from guard.policy import DecidedBy, Phase, Reason, Status, Usage
 from guard.server._decisions import _forecast_due
 from guard.server._schema import (
     ACTION_FP,
@@ -77,7 +77,6 @@ __all__ = ["SpanApplier", "SpanHost", "Touched"]  # SpanHost, Touched: see _span
 _AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
 _BEFORE_STEP = Phase.BEFORE_STEP
-_RANK = {Action.CONTINUE: 0, Action.WARN: 1, Action.WRAP_UP: 2, Action.STOP: 3}
 
 
 class SpanApplier:
@@ -261,7 +260,7 @@ class SpanApplier:
                 last_id = cur = None  # the run may have ended: look it up again
                 continue
             if verdict is not None and (
-                entry.verdict is None or _RANK[verdict.level] > _RANK[entry.verdict.level]
+                entry.verdict is None or verdict.level.rank > entry.verdict.level.rank
             ):
                 entry.verdict = verdict
         _flush(touched, spent)
@@ -284,11 +283,11 @@ class SpanApplier:
             for run, entry in touched.items():
                 phase, verdict = entry.phase, entry.verdict
                 run.touched_at = now
-                # decide_quick() returns None only when decide() could not return anything
+                # escalation() returns None only when decide() could not return anything
                 # stronger than the soft level the run already has; act() would then do
                 # nothing (SoftLevel pushes each level once), so skipping it changes nothing.
                 if run.stop_reason is None:
-                    d = run.budget.decide_quick(phase=phase, loop=verdict, above=run.soft.level)
+                    d = run.budget.escalation(phase=phase, loop=verdict, above=run.soft.level)
                     if d is not None:
                         reg.act(run, d, verdict)
                     if (
@@ -357,7 +356,7 @@ class SpanApplier:
         parent = run.parent
         while parent is not None:  # nested runs spend their parents' budgets too
             if parent.stop_reason is None and parent.run_id in reg.runs:
-                d = parent.budget.decide_quick(phase=phase, above=parent.soft.level)
+                d = parent.budget.escalation(phase=phase, above=parent.soft.level)
                 if d is not None:
                     reg.act(parent, d)
             parent = parent.parent

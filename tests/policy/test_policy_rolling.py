@@ -194,3 +194,10 @@ def test_set_limits_keeps_unchanged_windows() -> None:
     tb.record(0, Usage(input_tokens=50))
     tb.set_limits(TenantLimits(max_concurrent_runs=1, rolling=(keep, RollingLimit("steps", 5, 60))))
     assert [s[2] for s in tb.status(1)] == [50, 0]
+
+
+def test_rolling_window_saturates_instead_of_overflowing() -> None:
+    w = RollingWindow(60.0)
+    w.add(0.0, 1.7e308)
+    w.add(0.0, 1.7e308)
+    assert math.isfinite(w.total(0.0)) and w.total(0.0) > 1e299

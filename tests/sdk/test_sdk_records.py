@@ -17,7 +17,6 @@ from test_sdk_control import _settings as _control_settings
 
 import guard
 from guard.errors import ConfigError
-from guard.policy import Budget, Limits
 from guard.sdk._config import reset
 from guard.sdk._runtime import get_runtime
 
@@ -184,21 +183,3 @@ def test_the_re_registration_snapshot_matches_the_span_numbers() -> None:
         release.set()
         reset()
         g.stop()
-
-
-def test_a_nested_run_tree_is_snapshotted_at_one_instant() -> None:
-    parent = Budget(Limits())
-    child = Budget(Limits(), parent=parent)
-    child.record_step()
-    parent.record_step()
-    child.record_model_call(input_tokens=5)
-    (pu, ps), (cu, cs) = Budget.snapshot_all([parent, child])
-    assert (pu.steps, pu.model_calls, ps) == (2, 1, 1)
-    assert (cu.steps, cu.model_calls, cs) == (1, 1, 2)
-    # restore sets a budget's own counters, never its parent's
-    p2 = Budget(Limits())
-    c2 = Budget(Limits(), parent=p2)
-    p2.restore(pu, ps)
-    c2.restore(cu, cs)
-    assert p2.usage() == pu and c2.usage() == cu
-    assert c2.record_step() == 3 and p2.usage().steps == 3

@@ -14,7 +14,6 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from guard.bounds import MAX_ID_CHARS, MAX_RUNS_PER_MESSAGE
-from guard.policy._rolling import RollingWindow
 from guard.server import GuardServer
 from guard.v1 import guard_pb2 as pb
 
@@ -142,13 +141,6 @@ async def test_huge_costs_never_reach_a_window(sink):
         # the next run of the tenant is admitted, not "cost_usd inf reached its limit"
         assert (await agent.start_run("c2", trace_id_of(2))).WhichOneof("body") == "admit"
         await agent.close()
-
-
-def test_rolling_window_saturates_instead_of_overflowing():
-    w = RollingWindow(60.0)
-    w.add(0.0, 1.7e308)
-    w.add(0.0, 1.7e308)
-    assert math.isfinite(w.total(0.0)) and w.total(0.0) > 1e299
 
 
 async def test_foreign_span_in_another_tenants_trace_is_not_a_type_error(sink):
