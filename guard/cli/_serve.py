@@ -11,6 +11,8 @@ or ``--metrics-otlp`` (OTLP export, e.g. to a collector) is given, or the policy
 ``guard.metrics`` section sets them; the flags override the file key by key. ``--guard-id``
 (or ``OTEL_GUARD_ID``) names the replica in its records and on every metric series.
 ``--http-listen`` adds the OTLP/HTTP receiver (``POST /v1/traces``, see ``guard.server._http``).
+``OTEL_GUARD_PURE_PYTHON=1`` runs the pure-Python reference paths instead of the native ones
+(the span decoder, fingerprints, loop detection): what an install without a C compiler gets.
 """
 
 from __future__ import annotations
@@ -247,6 +249,12 @@ def run(args: argparse.Namespace) -> int:
 
     from guard.errors import GuardError
 
+    if os.environ.get("OTEL_GUARD_PURE_PYTHON", "") == "1":
+        from guard.policy import use_native
+        from guard.server import _nativedecode
+
+        use_native(False)
+        _nativedecode.set_enabled(False)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -19,7 +19,7 @@ from guard.policy._config import (
     limits_to_dict,
 )
 from guard.policy._decide import SoftLevel, decide, utilisation
-from guard.policy._fingerprint import Fingerprinter, hash64, native_available
+from guard.policy._fingerprint import Fingerprinter, hash64, native_available, use_native
 from guard.policy._forecast import Forecast, Forecaster
 from guard.policy._loops import LoopDetector, LoopVerdict
 from guard.policy._parse import parse_limits
@@ -99,6 +99,7 @@ __all__ = [
     "hash64",
     "limits_to_dict",
     "native_available",
+    "use_native",
     "parse_limits",
     "parse_metrics",
     "utilisation",

@@ -57,14 +57,30 @@ try:  # the builtin implementation: its copy() is a plain struct copy
 except ImportError:  # pragma: no cover - builds without it
     _sha256 = hashlib.sha256
 try:  # optional native fast paths (_speedups.c); the Python code here is the reference
-    from guard.policy import _speedups as _NATIVE
+    from guard.policy import _speedups as _BUILT
 except ImportError:  # pragma: no cover - installed without a C compiler
-    _NATIVE = None
+    _BUILT = None
+_NATIVE = _BUILT  # what new fingerprinters and loop detectors use (see use_native)
 
 
 def native_available() -> bool:
     """Whether fingerprints use the native fast paths (built when a C compiler was present)."""
     return _NATIVE is not None
+
+
+def native_module() -> object | None:
+    """The native fast paths new fingerprinters and loop detectors take, or None."""
+    return _NATIVE
+
+
+def use_native(on: bool) -> bool:
+    """Use the native fast paths (when built) or the pure-Python reference in the
+    fingerprinters and loop detectors made from now on; returns the previous setting. For
+    benchmarks and ``OTEL_GUARD_PURE_PYTHON=1`` (read by the guard process, not here)."""
+    global _NATIVE
+    before = _NATIVE is not None
+    _NATIVE = _BUILT if on else None
+    return before
 
 
 class Fingerprinter:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from struct import Struct
 
 from guard.errors import ConfigError
-from guard.policy._fingerprint import _NATIVE, hash64
+from guard.policy._fingerprint import hash64, native_module
 from guard.policy._types import Action, LoopSettings, Reason
 
 __all__ = ["LoopDetector", "LoopVerdict"]
@@ -106,7 +106,7 @@ class LoopDetector:
         self._state = 0
         self._stale = 0
         self.hits = 0
-        self._native = _NATIVE  # per instance, so tests can compare it with the reference
+        self._native = native_module()  # per instance: tests compare it with the reference
 
     def nbytes(self) -> int:
         """Approximate memory held by this detector (object, both ring buffers, growth mask)."""

@@ -29,7 +29,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from guard.errors import ConfigError, GuardUnavailable
-from guard.policy import MetricsSettings, PolicyConfig
+from guard.policy import MetricsSettings, PolicyConfig, native_available
+from guard.server import _nativedecode
 from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
 from guard.server._control import ControlServicer
@@ -184,6 +185,9 @@ class GuardServer:
         out["runs_span_only"] = float(len(registry.span_only))
         out["sessions"] = float(len(self._sessions))
         out["tenants_known"] = float(len(registry.budgets.known()))
+        # which span decoder and policy paths run (1: native, 0: the pure-Python reference)
+        out["native_decode"] = float(_nativedecode.available())
+        out["native_policy"] = float(native_available())
         state = getattr(registry, "state", None)  # a replica's Redis connection (--redis)
         if state is not None:
             out.update({f"redis_{k}": float(v) for k, v in state.stats.items()})

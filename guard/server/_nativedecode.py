@@ -3,12 +3,12 @@
 :func:`decode` answers for the canonical, well-formed request and returns ``None`` for
 anything else, which the caller then decodes with the reference (``_pydecode``); see the C
 file's header for why that keeps the two exactly equal. ``available()`` is False when no C
-compiler built the extension, or when ``OTEL_GUARD_PURE_PYTHON=1`` asks for the reference.
+compiler built the extension, or after ``set_enabled(False)`` (``otel-guard serve`` calls it
+when ``OTEL_GUARD_PURE_PYTHON=1``).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from guard.server import _schema as s
@@ -38,7 +38,7 @@ if _NATIVE is not None:
     )
     del _slots
 
-_enabled = _NATIVE is not None and os.environ.get("OTEL_GUARD_PURE_PYTHON", "") != "1"
+_enabled = _NATIVE is not None
 
 
 def available() -> bool:
