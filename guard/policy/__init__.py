@@ -99,8 +99,8 @@ __all__ = [
     "hash64",
     "limits_to_dict",
     "native_available",
-    "use_native",
     "parse_limits",
     "parse_metrics",
+    "use_native",
     "utilisation",
 ]
