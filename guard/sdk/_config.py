@@ -11,7 +11,7 @@ from typing import Any
 from guard.errors import ConfigError
 from guard.sdk._targets import parse_endpoints, strip_scheme
 
-__all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "configure", "get_settings", "reset"]
+__all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "get_settings", "make_settings", "swap_settings"]
 
 # Environment variables read by configure() (argument > environment > default).
 ENV = {
@@ -285,12 +285,10 @@ _lock = threading.Lock()
 _settings: Settings | None = None
 
 
-def configure(**kwargs: Any) -> Settings:
-    """Set the process-wide SDK settings and (re)start the guard connection if any.
+def make_settings(**kwargs: Any) -> Settings:
+    """Validated settings: arguments over ``OTEL_GUARD_*`` environment variables over defaults.
 
-    Arguments override ``OTEL_GUARD_*`` environment variables, which override defaults.
-    Unknown keys raise :class:`guard.errors.ConfigError`. Returns the validated settings.
-    Calling it again replaces the settings (the previous exporter and control stream close).
+    Unknown keys raise :class:`guard.errors.ConfigError`. Installs nothing (``configure`` does).
     """
     unknown = sorted(set(kwargs) - _NAMES)
     if unknown:
@@ -302,18 +300,20 @@ def configure(**kwargs: Any) -> Settings:
     merged.update({k: v for k, v in kwargs.items()})
     if "disabled" in merged and "disabled" not in kwargs:
         merged["disabled"] = _bool(ENV["disabled"], merged["disabled"])
-    settings = _validate(Settings(**merged))
+    return _validate(Settings(**merged))
+
+
+def swap_settings(settings: Settings | None) -> Settings | None:
+    """Install ``settings`` process-wide (``None``: read the environment again on next use);
+    returns the previous ones. The runtime built from them is ``guard.sdk._api``'s concern."""
     global _settings
     with _lock:
         old, _settings = _settings, settings
-    from guard.sdk import _runtime  # late: the runtime imports this module
-
-    _runtime.reset_runtime(old)
-    return settings
+    return old
 
 
 def get_settings() -> Settings:
-    """The current settings; the first call without :func:`configure` reads the environment."""
+    """The current settings; the first call without ``configure`` reads the environment."""
     global _settings
     s = _settings
     if s is not None:
@@ -322,13 +322,3 @@ def get_settings() -> Settings:
         if _settings is None:
             _settings = _validate(Settings(**_from_env(os.environ)))
         return _settings
-
-
-def reset() -> None:
-    """Forget the settings and close the runtime (tests use this between cases)."""
-    global _settings
-    with _lock:
-        old, _settings = _settings, None
-    from guard.sdk import _runtime
-
-    _runtime.reset_runtime(old)

@@ -24,24 +24,22 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from guard.errors import RunStopped
+from guard import semconv as A
 from guard.policy import (
-    REASON_STATUS,
-    Action,
     Budget,
     DecidedBy,
     Decision,
     Limits,
     LoopDetector,
-    Phase,
     Reason,
     Remaining,
     SoftLevel,
     Status,
 )
 from guard.sdk import _timers
-from guard.sdk._outcome import build_outcome, cancel_message
+from guard.sdk._outcome import build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
+from guard.sdk._run_flow import RunFlow
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -60,7 +58,7 @@ def current_run_or_none() -> Run | None:
     return _current.get()
 
 
-class Run:
+class Run(RunFlow):
     """One guarded run. Obtain it with ``guard.current_run()`` inside a ``@guard.run``."""
 
     def __init__(
@@ -233,20 +231,20 @@ class Run:
         if self.limits.pause_freezes_deadline:
             self._disarm_deadline()
         if self.span is not None:
-            self.span.add_event("guard.pause", {"guard.pause.reason_fp": self.fp.text(reason)})
+            self.span.add_event(A.PAUSE_EVENT, {A.PAUSE_REASON_FP: self.fp.text(reason)})
 
     def resume(self) -> None:
         self.budget.resume()
         self._arm_deadline()
         if self.span is not None:
-            self.span.add_event("guard.resume")
+            self.span.add_event(A.RESUME_EVENT)
 
     def evidence(self, name: str, ok: bool = True) -> None:
         """Record evidence (e.g. ``tests_passed``) for ``require_evidence``."""
         with self._lock:
             self.evidence_seen[name] = bool(ok)  # the latest word wins (tests fixed, re-run)
         if self.span is not None:
-            self.span.add_event("guard.evidence", {"guard.evidence.name": name, "ok": bool(ok)})
+            self.span.add_event(A.EVIDENCE_EVENT, {A.EVIDENCE_NAME: name, A.EVIDENCE_OK: bool(ok)})
 
     def mark_partial(self, value: bool = True) -> None:
         """Say explicitly whether a usable partial result exists if the run stops."""
@@ -318,83 +316,6 @@ class Run:
             return
         msg = f"deadline_s {self.limits.deadline_s:g} reached (elapsed_s={self.elapsed_s():.3f})"
         self.interrupt(Reason.DEADLINE, msg, DecidedBy.SDK, cancel=False)
-
-    # -- decisions (run's own flow) --------------------------------------------------------
-    def check_stop(self) -> None:
-        """Raise ``RunStopped`` for an interrupt or a pending stop (no new policy evaluation)."""
-        intr = self._interrupt
-        if intr is not None:
-            reason, detail, by, _ = intr
-            msg = cancel_message(reason, detail, by)
-            self.raise_stop(Decision(Action.STOP, REASON_STATUS[reason], reason, message=msg), by)
-        pending = self._pending
-        if pending is not None:
-            self.raise_stop(pending, DecidedBy.SDK)
-
-    def check(self, phase: Phase = Phase.BEFORE_STEP) -> None:
-        """Full check before new work: interrupts, pending stops, then the policy."""
-        if self._interrupt is not None or self._pending is not None:
-            self.check_stop()
-        # Only a decision stronger than the soft level already given can change anything, and
-        # decide_quick() skips the evaluation when none can come out (hot path: 3 per step).
-        d = self.budget.decide_quick(phase=phase, above=self.soft.level)
-        if d is not None and d.action is not Action.CONTINUE:
-            self.apply(d, raise_now=True)
-        if self.parent is not None:
-            self._check_ancestors(phase)
-
-    def after(self, phase: Phase, loop: Any = None) -> None:
-        """Evaluate after a model call / tool batch: a stop becomes pending."""
-        d = self.budget.decide_quick(phase=phase, loop=loop, above=self.soft.level)
-        if d is not None and d.action is not Action.CONTINUE:
-            self.apply(d, raise_now=False)
-        if self.parent is not None:
-            self._check_ancestors(phase, raise_now=False)
-
-    def _check_ancestors(self, phase: Phase, raise_now: bool = True) -> None:
-        anc = self.parent
-        while anc is not None:
-            d = anc.budget.decide_quick(phase=phase, above=Action.WRAP_UP)  # only stops matter
-            if d is not None and d.stop:
-                anc.apply(d, raise_now=False)  # the parent stops when the child unwinds
-                msg = f"parent run {anc.run_id}: {d.message}"
-                self.apply(
-                    Decision(d.action, d.status, d.reason, d.utilisation, d.metric, msg),
-                    raise_now=raise_now,
-                )
-            anc = anc.parent
-
-    def apply(self, d: Decision, *, raise_now: bool) -> None:
-        if d.action is Action.STOP:
-            if self._pending is None:
-                self._pending = d
-            if raise_now:
-                self.raise_stop(d, DecidedBy.SDK)
-            return
-        act = self.soft.advance(d)
-        if act is not None:
-            self.directive(act.value, d.reason.value if d.reason else "", d.message, "sdk")
-
-    def directive(self, action: str, reason: str, detail: str, source: str) -> None:
-        """A warn / wrap_up from the local policy or the guard: exposed and recorded."""
-        if action == Action.WARN.value:
-            self.warned = True
-        elif action == Action.WRAP_UP.value:
-            self.wrap_up_requested = True
-        self.directives.append((action, reason, detail, source))
-        if self.span is not None:
-            self.span.add_event(
-                f"guard.{action}", {"guard.reason": reason, "guard.decided_by": source}
-            )
-        for cb in list(self._directive_cbs):
-            safe_call(cb, action, reason, detail)
-
-    def raise_stop(self, d: Decision, by: DecidedBy) -> None:
-        if self.stopped is None:
-            self.stopped = (d, by)
-        raise RunStopped(
-            self.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR, d.message, by)
-        )
 
     # -- outcome ----------------------------------------------------------------------------
     def elapsed_s(self) -> float:

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from guard.sdk._config import ENV, reset
+from guard.sdk._api import reset
+from guard.sdk._config import ENV
 from guard.testing import SpanSink, capture_spans
 
 
