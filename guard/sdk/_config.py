@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from guard.errors import ConfigError
+from guard.sdk._clock import is_clock
 from guard.sdk._targets import parse_endpoints, strip_scheme
 
 __all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "get_settings", "make_settings", "swap_settings"]
@@ -71,6 +72,8 @@ class Settings:
         globally when the first run starts (so third-party instrumentations' spans reach the
         guard; guard.sdk._providers); else (local-only) a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
+      clock: the monotonic clock of run deadlines and pauses (``guard.sdk._clock.Clock``);
+        default the system clock. Tests pass a ``ManualClock`` to move time by hand.
       reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream,
         applied once every guard of ``endpoint`` failed in one cycle (the next guard of a
         cycle is tried at once); the cap is 1 s so a restarted guard sees its agents back
@@ -110,6 +113,7 @@ class Settings:
     kill_grace_s: float = 2.0
     tracer_provider: Any = field(default=None, repr=False)
     price_book: Any = field(default=None, repr=False)
+    clock: Any = field(default=None, repr=False)
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 1.0
     shutdown_ack_timeout_s: float = 5.0
@@ -262,6 +266,11 @@ def _validate(s: Settings) -> Settings:
         v = getattr(s, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"expected an int >= 1, got {v!r}", path=name)
+    if s.clock is not None and not is_clock(s.clock):
+        raise ConfigError(
+            f"expected a clock with monotonic() and schedule(delay_s, fn), got {s.clock!r}",
+            path="clock",
+        )
     if s.reconnect_max_s < s.reconnect_min_s:
         raise ConfigError(
             f"reconnect_max_s {s.reconnect_max_s} < reconnect_min_s {s.reconnect_min_s}",

@@ -36,7 +36,6 @@ from guard.policy import (
     SoftLevel,
     Status,
 )
-from guard.sdk import _timers
 from guard.sdk._outcome import build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
 from guard.sdk._run_flow import RunFlow
@@ -83,7 +82,10 @@ class Run(RunFlow):
         self.allowance: Any = None  # guard.sdk._reserve.Ceilings, pushed by the guard
         self.fail_closed = False  # set by the decorator: refuse when the guard cannot answer
         self.requested = limits
-        self.budget = Budget(limits, parent=parent.budget if parent is not None else None)
+        self.clock = rt.clock
+        self.budget = Budget(
+            limits, parent=parent.budget if parent is not None else None, clock=rt.clock.monotonic
+        )
         self.detector = LoopDetector(limits.loop)
         self.fp = rt.fingerprinter_for(limits.loop.ignore_fields)
         self.fp_ignore_fields = limits.loop.ignore_fields
@@ -92,7 +94,7 @@ class Run(RunFlow):
         self.is_async = is_async
         self.price_book_version = rt.price_book_version
         self.started_at = time.time()
-        self.t0 = time.monotonic()
+        self.t0 = self.clock.monotonic()
         self.trace_id = ""
         self.span: Any = None
         self.ctx: Any = None
@@ -118,7 +120,7 @@ class Run(RunFlow):
         self._interrupt: tuple[Reason, str, DecidedBy, bool] | None = None
         self._pending: Decision | None = None
         self.stopped: tuple[Decision, DecidedBy] | None = None  # a stop raised to the user
-        self._deadline_timer: _timers.Timer | None = None
+        self._deadline_timer: Any = None  # a handle of self.clock.schedule
         self.live = True
         if parent is not None:
             with parent._lock:
@@ -300,7 +302,7 @@ class Run(RunFlow):
             return
         self._disarm_deadline()
         left = deadline - self.budget.elapsed_s()
-        self._deadline_timer = _timers.schedule(left, self._deadline_fired)
+        self._deadline_timer = self.clock.schedule(left, self._deadline_fired)
 
     def _disarm_deadline(self) -> None:
         t, self._deadline_timer = self._deadline_timer, None
@@ -312,14 +314,14 @@ class Run(RunFlow):
             return
         left = (self.limits.deadline_s or 0.0) - self.budget.elapsed_s()
         if left > 0.001:  # limits changed or paused time excluded: re-arm
-            self._deadline_timer = _timers.schedule(left, self._deadline_fired)
+            self._deadline_timer = self.clock.schedule(left, self._deadline_fired)
             return
         msg = f"deadline_s {self.limits.deadline_s:g} reached (elapsed_s={self.elapsed_s():.3f})"
         self.interrupt(Reason.DEADLINE, msg, DecidedBy.SDK, cancel=False)
 
     # -- outcome ----------------------------------------------------------------------------
     def elapsed_s(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock.monotonic() - self.t0
 
     def snapshot(self, status: Status, reason: Reason, message: str, by: DecidedBy) -> Outcome:
         return build_outcome(self, status, reason, message, by)

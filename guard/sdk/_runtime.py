@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits
+from guard.sdk._clock import SYSTEM_CLOCK, Clock
 from guard.sdk._config import Settings, get_settings
 from guard.sdk._providers import RELAY, install_global_provider, relay_for
 from guard.sdk._targets import Route
@@ -50,6 +51,7 @@ class Runtime:
         self.fingerprinter = self.fingerprinter_for(_DEFAULT_IGNORE)
         self.price_book: Any = settings.price_book or DEFAULT_PRICE_BOOK
         self.price_book_version: str = getattr(self.price_book, "version", "") or ""
+        self.clock: Clock = settings.clock or SYSTEM_CLOCK  # deadlines and pauses of runs
         self.policy_defaults: Limits | None = None  # pushed by the guard (Welcome / Policy)
         self._lock = threading.Lock()
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
