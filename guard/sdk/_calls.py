@@ -194,7 +194,7 @@ def record_tool_call(
     loop = verdict if verdict.level is not _CONTINUE else None
     d = None
     if quick:
-        seq, d = run.record_tool_call(attempts, loop)
+        seq, d = run.budget.tool_calls_quick(attempts, None, loop, run.soft_rank)
     if step is not None:
         step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {

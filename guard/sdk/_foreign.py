@@ -334,7 +334,9 @@ class ForeignSpans(SpanProcessor):
         )
         sres = current_reservation.get()
         settles = sres.take() if sres is not None and sres.run is run else None
-        seq, d = run.record_model_call(inp, out, reasoning, cached, cost, settles)
+        seq, d = run.budget.model_call_quick(
+            inp, out, reasoning, cached, cost, run.soft_rank, settles
+        )
         self.model_calls += 1
         calls.add(span_id, parent_id)
         if ledger is not None:

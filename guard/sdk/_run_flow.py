@@ -5,8 +5,8 @@ and tool batches go through (``Step``, ``guard.sdk._calls``, ``guard.sdk._batch`
 third-party span counter call these methods, never the run's fields):
 
 * :meth:`RunFlow.begin_step` before a step: interrupts, pending stops, the policy, then the count;
-* :meth:`RunFlow.record_model_call` / :meth:`RunFlow.record_tool_call` record usage and decide
-  under the budget's one lock; :meth:`RunFlow.observe_action` / :meth:`RunFlow.end_step` feed
+* the budget's fused calls (``run.budget.model_call_quick(..., run.soft_rank)``) record usage
+  and decide under one lock; :meth:`RunFlow.observe_action` / :meth:`RunFlow.end_step` feed
   the loop detector;
 * :meth:`RunFlow.after_call` after each of them (DESIGN §3.5: checks also run after each model
   call and tool batch): the decision is applied, the ancestors checked, the tenant allowance
@@ -37,7 +37,7 @@ from guard.sdk._procs import safe_call
 from guard.sdk._reserve import tenant_after_call
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.policy import Outcome, Reservation
+    from guard.policy import Outcome
     from guard.sdk._run import Run
 
 __all__ = ["RunFlow"]
@@ -127,33 +127,12 @@ class RunFlow:
         return index, seq
 
     # -- records ------------------------------------------------------------------------------
-    def record_model_call(
-        self,
-        input_tokens: int,
-        output_tokens: int,
-        reasoning_tokens: int,
-        cached_tokens: int,
-        cost_usd: float | None,
-        settles: Reservation | None = None,
-    ) -> tuple[int, Decision | None]:
-        """Count a model call and decide after it, under one lock: ``(record number, decision)``.
-
-        ``settles``: the reservation the call settles. Hand the decision to :meth:`after_call`.
-        """
-        return self.budget.model_call_quick(
-            input_tokens,
-            output_tokens,
-            reasoning_tokens,
-            cached_tokens,
-            cost_usd,
-            self.soft._level,
-            settles,
-        )
-
-    def record_tool_call(self, attempts: int, loop: Any = None) -> tuple[int, Decision | None]:
-        """Count a plain tool call and decide after it, under one lock (``loop``: the loop
-        detector's verdict when it is not ``continue``): ``(record number, decision)``."""
-        return self.budget.tool_calls_quick(attempts, None, loop, self.soft._level)
+    @property
+    def soft_rank(self) -> int:
+        """The rank of the strongest soft directive given so far (0 none, 1 warn, 2 wrap_up):
+        the ``rank`` of the budget's fused record-and-decide calls (only a stronger decision
+        can change anything). Hand their decision to :meth:`after_call`."""
+        return self.soft._level
 
     def observe_action(self, name: str, action: str, result_hash: str | None, ok: bool) -> Any:
         """Feed one tool call to the loop detector; returns its verdict."""

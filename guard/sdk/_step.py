@@ -195,12 +195,13 @@ class Step:
         # Recorded and decided under one lock; the decision is applied once the span is out.
         # A reservation of this context (step.reserve) is settled by the call, in that lock.
         sres = _current_res_get()
-        seq, d = run.record_model_call(
+        seq, d = run.budget.model_call_quick(
             input_tokens,
             output_tokens,
             reasoning_tokens,
             cached_tokens,
             cost_usd,
+            run.soft_rank,
             sres.take() if sres is not None and sres.run is run else None,
         )
         attrs: dict[str, Any] = {
