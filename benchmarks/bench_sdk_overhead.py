@@ -44,7 +44,7 @@ from opentelemetry.trace import SpanKind
 
 import guard
 from guard.policy import DEFAULT_PRICE_BOOK, _fingerprint, _loops
-from guard.sdk._config import reset
+from guard.sdk._api import reset
 from guard.sdk._runtime import get_runtime
 
 _NATIVE_BUILT = _fingerprint._NATIVE  # the native fast paths, or None when not built

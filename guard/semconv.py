@@ -288,3 +288,57 @@ def is_content_attribute(key: str) -> bool:
 def is_content_event(name: str) -> bool:
     """True when an event with this name is content as a whole (dropped, not filtered)."""
     return name in _EVENT_NAMES or name.startswith(_EVENT_PREFIXES)
+
+
+# ===================================== emitted by the SDK =====================================
+# The span, attribute and event names the SDK writes on its own spans (CONTRACTS "Spans",
+# DESIGN §3.3): the current GenAI semconv spellings (the guard also accepts the previous ones,
+# USAGE_ATTRIBUTES above) and our own guard.* names. Raw text never goes on a span: only HMAC
+# fingerprints, counters and names chosen by the developer (agent, tool and model names).
+# Not in __all__ (a separate vocabulary): ``from guard import semconv as A; A.RUN_ID``.
+OPERATION = "gen_ai.operation.name"
+AGENT_NAME = "gen_ai.agent.name"
+PROVIDER = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_ID = "gen_ai.response.id"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
+REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+ERROR_TYPE = "error.type"
+
+RUN_ID = "guard.run.id"
+PARENT_RUN_ID = "guard.parent_run.id"
+TENANT = "guard.tenant"
+STEP_INDEX = "guard.step.index"
+PROGRESS = "guard.progress"
+STATE_HASH = "guard.state.hash"
+ACTION_FP = "guard.action.fingerprint"
+RESULT_HASH = "guard.result.hash"
+TOOL_ATTEMPTS = "guard.tool.attempts"
+COST_USD = "guard.cost.usd"
+STOP_STATUS = "guard.stop.status"
+STOP_REASON = "guard.stop.reason"
+USAGE_STEPS = "guard.usage.steps"
+USAGE_TOOL_CALLS = "guard.usage.tool_calls"
+# The record number of a counted span (step, model call, tool call) within its run, set only
+# when the run has a control stream: a restarted guard skips the spans its re-registration
+# snapshot already counts (RunStarted.span_seq), and a span carrying it belongs to a run whose
+# agent will re-register (the guard never writes a span-derived record for it).
+SEQ = "guard.seq"
+
+STEP_SPAN = "guard.step"
+
+# Events on the run span: a pause / resume, evidence, and each directive ("guard.warn",
+# "guard.wrap_up": DIRECTIVE_EVENT_PREFIX + the action) with its reason and who decided it.
+PAUSE_EVENT = "guard.pause"
+PAUSE_REASON_FP = "guard.pause.reason_fp"
+RESUME_EVENT = "guard.resume"
+EVIDENCE_EVENT = "guard.evidence"
+EVIDENCE_NAME = "guard.evidence.name"
+EVIDENCE_OK = "ok"
+DIRECTIVE_EVENT_PREFIX = "guard."
+DIRECTIVE_REASON = "guard.reason"
+DIRECTIVE_DECIDED_BY = "guard.decided_by"

@@ -80,7 +80,7 @@ def capture_spans(**settings: Any) -> Iterator[SpanSink]:
 
     Restores an unconfigured SDK afterwards (the next run reads the environment again).
     """
-    from guard.sdk._config import reset
+    from guard.sdk._api import reset
 
     sink = SpanSink()
     guard.configure(tracer_provider=sink.provider, **settings)

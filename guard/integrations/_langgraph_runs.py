@@ -11,14 +11,13 @@ A LangGraph run is an iterator the caller drives, so :func:`guard.integrations._
   stop comes out of the iterator as ``guard.RunStopped`` with the run's final outcome.
 * A graph run inside a graph run of the same guard run (a subgraph) is left alone.
 
-The run is started and finished with the SDK's own ``@guard.run`` lifecycle
-(:mod:`guard.sdk._decorator`), so admission, the run span and the termination record are the
+The run is started and finished with the SDK's run scope, the lifecycle of ``@guard.run``
+(:mod:`guard.sdk._scope`), so admission, the run span and the termination record are the
 same as a decorated function's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -27,24 +26,14 @@ from typing import Any
 
 from guard.errors import RunStopped
 from guard.integrations._base import _swallowed, active_run, end_inferred_step
-from guard.sdk import _decorator as D
 from guard.sdk._config import get_settings
+from guard.sdk._decorator import agent_spec
+from guard.sdk._scope import RunScope
 
 __all__ = ["aiter_in_run", "iter_in_run", "wrap_graph_astream", "wrap_graph_stream"]
 
 # The guard run the current (outermost) graph run is driving: a nested graph is left alone.
 _graph_of: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_guard_graph", default=None)
-
-_specs: dict[str, D.RunSpec] = {}
-
-
-def _spec(agent: str) -> D.RunSpec:
-    spec = _specs.get(agent)
-    if spec is None:
-        spec = D.run(agent=agent)(lambda: None).__guard_spec__
-        if len(_specs) < 256:  # graph names are code, not data; bounded all the same
-            _specs[agent] = spec
-    return spec
 
 
 def _reset(var: contextvars.ContextVar[Any], token: Any) -> None:
@@ -77,26 +66,12 @@ def iter_in_run(agent: str, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
     if get_settings().disabled:
         yield from make()
         return
-    spec = _spec(agent)
-    r, token, otel_token = D._start(spec, False)
-    graph_token = _graph_of.set(r)
-    try:
-        D._admit_blocking(r, spec)
-        yield from make()
-    except GeneratorExit:  # the caller stopped reading: the run ends as it stands
-        _reset(_graph_of, graph_token)
-        D._finish(r, token, otel_token, None)
-        raise
-    except BaseException as exc:
-        _reset(_graph_of, graph_token)
-        outcome, stopped = D._finish(r, token, otel_token, exc)
-        if stopped:
-            D._raise_for(outcome, exc)
-        raise
-    _reset(_graph_of, graph_token)
-    outcome, stopped = D._finish(r, token, otel_token, None)
-    if stopped and r.stopped is None:
-        raise RunStopped(outcome)
+    with RunScope(agent_spec(agent)) as r:
+        token = _graph_of.set(r)
+        try:
+            yield from make()
+        finally:
+            _reset(_graph_of, token)
 
 
 # -- async ---------------------------------------------------------------------------------------
@@ -128,36 +103,13 @@ async def aiter_in_run(agent: str, make: Callable[[], AsyncIterator[Any]]) -> As
         async for item in make():
             yield item
         return
-    spec = _spec(agent)
-    r, token, otel_token = D._start(spec, True)
-    r.task = asyncio.current_task()
-    r.loop = asyncio.get_running_loop()
-    if r.cancelled:
-        r._cancel_task()
-    graph_token = _graph_of.set(r)
-    try:
-        await D._admit_awaiting(r, spec)
-        async for item in make():
-            yield item
-    except GeneratorExit:
-        _reset(_graph_of, graph_token)
-        r.consume_task_cancel()
-        D._finish(r, token, otel_token, None)
-        raise
-    except BaseException as exc:
-        _reset(_graph_of, graph_token)
-        r.consume_task_cancel()
-        outcome, stopped = D._finish(r, token, otel_token, exc)
-        task = r.task
-        outer = isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling()
-        if stopped and not outer:
-            D._raise_for(outcome, exc)
-        raise
-    _reset(_graph_of, graph_token)
-    r.consume_task_cancel()
-    outcome, stopped = D._finish(r, token, otel_token, None)
-    if stopped and r.stopped is None:
-        raise RunStopped(outcome)
+    async with RunScope(agent_spec(agent)) as r:
+        token = _graph_of.set(r)
+        try:
+            async for item in make():
+                yield item
+        finally:
+            _reset(_graph_of, token)
 
 
 # -- the Pregel wrappers ---------------------------------------------------------------------------

@@ -55,6 +55,10 @@ class PriceBook:
 
     version: str
     models: dict[str, ModelPrice] = field(default_factory=dict)
+    # model -> rates (or None: unpriced), filled by rates(); the models are not changed later
+    _rates: dict[str, tuple[float, float, float] | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def price(self, model: str) -> ModelPrice | None:
         """Exact name first, then the longest known prefix (``gpt-4.1-2025-04-14``)."""
@@ -67,15 +71,27 @@ class PriceBook:
                 best = name
         return None if best is None else self.models[best]
 
+    def rates(self, model: str) -> tuple[float, float, float] | None:
+        """``(input, cached input, output)`` USD per 1M tokens of ``model`` (found as
+        :meth:`price` finds it), ``None`` when unpriced. Remembered per book (bounded): the
+        per-call path prices a call with one dict lookup."""
+        r = self._rates.get(model, _UNSEEN)
+        if r is _UNSEEN:
+            p = self.price(model)
+            r = None if p is None else (p.input, _or(p.cached_input, p.input), p.output)
+            if len(self._rates) < _RATES_MAX:  # model names come from code, rarely from data
+                self._rates[model] = r
+        return r
+
     def cost_usd(
         self, model: str, *, input_tokens: int, output_tokens: int, cached_tokens: int = 0
     ) -> float | None:
         """Cost of one call; ``input_tokens`` includes ``cached_tokens`` (GenAI semconv)."""
-        p = self.models.get(model)  # exact names first, as price() does (hot: every model span)
-        if p is None:
-            p = self.price(model)
-            if p is None:
-                return None
+        r = self._rates.get(model, _UNSEEN)  # hot (every model call): rates() inline
+        if r is _UNSEEN:
+            r = self.rates(model)
+        if r is None:
+            return None
         if (
             type(input_tokens) is int
             and type(cached_tokens) is int
@@ -91,8 +107,15 @@ class PriceBook:
             cached = min(max(cached_tokens, 0), max(input_tokens, 0))
             fresh = max(input_tokens, 0) - cached
             out = max(output_tokens, 0)
-        cached_rate = p.input if p.cached_input is None else p.cached_input
-        return (fresh * p.input + cached * cached_rate + out * p.output) / 1e6
+        return (fresh * r[0] + cached * r[1] + out * r[2]) / 1e6
+
+
+_UNSEEN: Any = object()
+_RATES_MAX = 4096
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 DEFAULT_PRICE_BOOK = PriceBook(

@@ -225,26 +225,29 @@ class SoftLevel:
     Everything else returns ``None``. Thread-safe.
     """
 
-    __slots__ = ("_level", "_lock")
+    __slots__ = ("_lock", "rank")
 
     def __init__(self) -> None:
-        self._level = 0
+        # the rank (Action.rank) of the strongest soft action given so far: read by the hot
+        # paths as a plain attribute (the ``above`` of the escalation checks); only this class
+        # writes it, under its lock
+        self.rank = 0
         self._lock = threading.Lock()
 
     @property
     def level(self) -> Action:
-        return _BY_RANK[self._level]
+        return _BY_RANK[self.rank]
 
     def advance(self, decision: Decision) -> Action | None:
         rank = decision.action.rank
         if rank == 0 or rank == 3:
             return None
         with self._lock:
-            if rank <= self._level:
+            if rank <= self.rank:
                 return None
-            self._level = rank
+            self.rank = rank
         return decision.action
 
     def reset(self) -> None:
         with self._lock:
-            self._level = 0
+            self.rank = 0

@@ -8,8 +8,17 @@ Public names are re-exported from :mod:`guard`; see DESIGN §3.1::
             step.model_call(model="gpt-4.1", input_tokens=1200, output_tokens=90)
 """
 
-from guard.sdk._api import NULL_RUN, NullRun, current_run, evidence, flush, shutdown, stats
-from guard.sdk._config import Settings, configure, get_settings
+from guard.sdk._api import (
+    NULL_RUN,
+    NullRun,
+    configure,
+    current_run,
+    evidence,
+    flush,
+    shutdown,
+    stats,
+)
+from guard.sdk._config import Settings, get_settings
 from guard.sdk._decorator import run
 from guard.sdk._run import Run
 from guard.sdk._step import Step, current_step, step

@@ -1,4 +1,6 @@
-"""Module-level helpers: ``current_run()``, ``evidence()``, ``flush()``, ``shutdown()``."""
+"""The module-level API: ``configure()``, ``current_run()``, ``evidence()``, ``flush()``,
+``shutdown()``, ``stats()``; and ``reset()`` for tests. The settings (``guard.sdk._config``) and
+the runtime built from them (``guard.sdk._runtime``) change together here, and only here."""
 
 from __future__ import annotations
 
@@ -6,9 +8,38 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.policy import Remaining
+from guard.sdk import _runtime
+from guard.sdk._config import Settings, make_settings, swap_settings
 from guard.sdk._run import Run, current_run_or_none
 
-__all__ = ["NULL_RUN", "NullRun", "current_run", "evidence", "flush", "shutdown", "stats"]
+__all__ = [
+    "NULL_RUN",
+    "NullRun",
+    "configure",
+    "current_run",
+    "evidence",
+    "flush",
+    "reset",
+    "shutdown",
+    "stats",
+]
+
+
+def configure(**kwargs: Any) -> Settings:
+    """Set the process-wide SDK settings and (re)start the guard connection if any.
+
+    Arguments override ``OTEL_GUARD_*`` environment variables, which override defaults.
+    Unknown keys raise :class:`guard.errors.ConfigError`. Returns the validated settings.
+    Calling it again replaces the settings (the previous exporter and control stream close).
+    """
+    settings = make_settings(**kwargs)
+    _runtime.reset_runtime(swap_settings(settings))
+    return settings
+
+
+def reset() -> None:
+    """Forget the settings and close the runtime (tests use this between cases)."""
+    _runtime.reset_runtime(swap_settings(None))
 
 
 class NullRun:
@@ -90,20 +121,15 @@ def evidence(name: str, ok: bool = True) -> None:
 
 def flush(timeout_s: float = 5.0) -> bool:
     """Export queued spans to the guard now (e.g. before a short-lived process exits)."""
-    from guard.sdk._runtime import _runtime
-
-    return _runtime.flush(timeout_s) if _runtime is not None else True
+    rt = _runtime.current_runtime()
+    return rt.flush(timeout_s) if rt is not None else True
 
 
 def shutdown() -> None:
     """Flush and close the exporter and the control stream (idempotent)."""
-    from guard.sdk._runtime import reset_runtime
-
-    reset_runtime()
+    _runtime.reset_runtime()
 
 
 def stats() -> dict[str, int]:
     """Export, redaction and control-stream counters (errors are counted here, never raised)."""
-    from guard.sdk._runtime import stats as _stats
-
-    return _stats()
+    return _runtime.stats()

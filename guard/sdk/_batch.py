@@ -258,7 +258,8 @@ class ToolBatch:
                 current_batch.set(None)
         run = self.run
         if run is not None:
-            run.after(Phase.AFTER_TOOL_BATCH, self._verdict)
+            phase = Phase.AFTER_TOOL_BATCH
+            run.after_call(phase, run.decide_after(phase, self._verdict))
 
     def __enter__(self) -> ToolBatch:
         return self

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from guard import semconv as A
 from guard.errors import BudgetExceeded
 from guard.policy import Action, Decision, Phase, Reason
 from guard.policy import Status as RunStatus
-from guard.sdk import _spans as A
 from guard.sdk._outcome import tag
 from guard.sdk._reserve import budget_stop, tenant_reserve_sync
 
@@ -190,17 +190,11 @@ def record_tool_call(
         seq = run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
         if reservation is not None:
             reservation.release()  # after recording: the slot is never free twice
-    with run._lock:  # the loop detector is single-caller; parallel tools share it
-        verdict = run.detector.observe_action(action, result_hash)
-        run.last_tool = name
-        run.last_action_hash = action
-        if error is None:
-            run.did_work = True
+    verdict = run.observe_action(name, action, result_hash, error is None)
+    loop = verdict if verdict.level is not _CONTINUE else None
     d = None
     if quick:
-        seq, d = run.budget.tool_call_escalation(
-            attempts, None, verdict if verdict.level is not _CONTINUE else None, run.soft._level
-        )
+        seq, d = run.budget.tool_call_escalation(attempts, None, loop, run.soft_rank)
     if step is not None:
         step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {
@@ -228,12 +222,7 @@ def record_tool_call(
     else:
         span_attrs.update(attrs)
     if in_batch:
-        batch.note_verdict(verdict)
-    elif quick:
-        if d is not None and d.action is not _CONTINUE:
-            run.apply(d, raise_now=False)
-        if run.parent is not None:
-            run._check_ancestors(_AFTER_TOOLS, raise_now=False)
+        batch.note_verdict(verdict)  # decided once, when the batch closes
     else:
-        run.after(_AFTER_TOOLS, verdict if verdict.level is not _CONTINUE else None)
+        run.after_call(_AFTER_TOOLS, d if quick else run.decide_after(_AFTER_TOOLS, loop))
     return action

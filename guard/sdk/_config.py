@@ -9,9 +9,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from guard.errors import ConfigError
+from guard.sdk._clock import is_clock
 from guard.sdk._targets import parse_endpoints, strip_scheme
 
-__all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "configure", "get_settings", "reset"]
+__all__ = ["ENV", "SPAN_EXPORT_MODES", "Settings", "get_settings", "make_settings", "swap_settings"]
 
 # Environment variables read by configure() (argument > environment > default).
 ENV = {
@@ -71,6 +72,8 @@ class Settings:
         globally when the first run starts (so third-party instrumentations' spans reach the
         guard; guard.sdk._providers); else (local-only) a private provider.
       price_book: a ``guard.policy.PriceBook`` overriding the built-in prices.
+      clock: the monotonic clock of run deadlines and pauses (``guard.sdk._clock.Clock``);
+        default the system clock. Tests pass a ``ManualClock`` to move time by hand.
       reconnect_min_s / reconnect_max_s: jittered exponential backoff of the control stream,
         applied once every guard of ``endpoint`` failed in one cycle (the next guard of a
         cycle is tried at once); the cap is 1 s so a restarted guard sees its agents back
@@ -110,6 +113,7 @@ class Settings:
     kill_grace_s: float = 2.0
     tracer_provider: Any = field(default=None, repr=False)
     price_book: Any = field(default=None, repr=False)
+    clock: Any = field(default=None, repr=False)
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 1.0
     shutdown_ack_timeout_s: float = 5.0
@@ -262,6 +266,11 @@ def _validate(s: Settings) -> Settings:
         v = getattr(s, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"expected an int >= 1, got {v!r}", path=name)
+    if s.clock is not None and not is_clock(s.clock):
+        raise ConfigError(
+            f"expected a clock with monotonic() and schedule(delay_s, fn), got {s.clock!r}",
+            path="clock",
+        )
     if s.reconnect_max_s < s.reconnect_min_s:
         raise ConfigError(
             f"reconnect_max_s {s.reconnect_max_s} < reconnect_min_s {s.reconnect_min_s}",
@@ -285,12 +294,10 @@ _lock = threading.Lock()
 _settings: Settings | None = None
 
 
-def configure(**kwargs: Any) -> Settings:
-    """Set the process-wide SDK settings and (re)start the guard connection if any.
+def make_settings(**kwargs: Any) -> Settings:
+    """Validated settings: arguments over ``OTEL_GUARD_*`` environment variables over defaults.
 
-    Arguments override ``OTEL_GUARD_*`` environment variables, which override defaults.
-    Unknown keys raise :class:`guard.errors.ConfigError`. Returns the validated settings.
-    Calling it again replaces the settings (the previous exporter and control stream close).
+    Unknown keys raise :class:`guard.errors.ConfigError`. Installs nothing (``configure`` does).
     """
     unknown = sorted(set(kwargs) - _NAMES)
     if unknown:
@@ -302,18 +309,20 @@ def configure(**kwargs: Any) -> Settings:
     merged.update({k: v for k, v in kwargs.items()})
     if "disabled" in merged and "disabled" not in kwargs:
         merged["disabled"] = _bool(ENV["disabled"], merged["disabled"])
-    settings = _validate(Settings(**merged))
+    return _validate(Settings(**merged))
+
+
+def swap_settings(settings: Settings | None) -> Settings | None:
+    """Install ``settings`` process-wide (``None``: read the environment again on next use);
+    returns the previous ones. The runtime built from them is ``guard.sdk._api``'s concern."""
     global _settings
     with _lock:
         old, _settings = _settings, settings
-    from guard.sdk import _runtime  # late: the runtime imports this module
-
-    _runtime.reset_runtime(old)
-    return settings
+    return old
 
 
 def get_settings() -> Settings:
-    """The current settings; the first call without :func:`configure` reads the environment."""
+    """The current settings; the first call without ``configure`` reads the environment."""
     global _settings
     s = _settings
     if s is not None:
@@ -322,13 +331,3 @@ def get_settings() -> Settings:
         if _settings is None:
             _settings = _validate(Settings(**_from_env(os.environ)))
         return _settings
-
-
-def reset() -> None:
-    """Forget the settings and close the runtime (tests use this between cases)."""
-    global _settings
-    with _lock:
-        old, _settings = _settings, None
-    from guard.sdk import _runtime
-
-    _runtime.reset_runtime(old)

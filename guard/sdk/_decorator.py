@@ -1,32 +1,21 @@
-"""``@guard.run``: the run span, admission, local enforcement and the outcome of every run."""
+"""``@guard.run``: the decoration and its validated spec; the run itself is a
+:class:`guard.sdk._scope.RunScope` around the call (span, admission, outcome, stop)."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
 import functools
 import inspect
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import Status as SpanStatus
-from opentelemetry.trace import StatusCode
-
-from guard.errors import ConfigError, GuardUnavailable, RunStopped
-from guard.policy import PRESETS, DecidedBy, Limits, LoopSettings, Reason, Status, parse_limits
-from guard.sdk import _spans as A
+from guard.errors import ConfigError
+from guard.policy import PRESETS, Limits, LoopSettings, parse_limits
 from guard.sdk._config import get_settings
-from guard.sdk._outcome import final_outcome, outcome_attrs
-from guard.sdk._run import Run, _current, current_run_or_none
-from guard.sdk._runtime import get_runtime
+from guard.sdk._scope import RunScope
 
-__all__ = ["RunSpec", "run"]
+__all__ = ["RunSpec", "agent_spec", "run"]
 
-log = logging.getLogger("guard.sdk")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _LIMIT_ARGS = (
@@ -175,184 +164,17 @@ def run(
 # ------------------------------------------------------------------------------ lifecycle
 
 
-def _start(spec: RunSpec, is_async: bool) -> tuple[Run, Any, Any]:
-    rt = get_runtime()
-    parent = current_run_or_none()
-    tenant = spec.tenant or (parent.tenant if parent is not None else rt.settings.tenant)
-    r = Run(
-        rt,
-        agent=spec.agent,
-        tenant=tenant,
-        limits=spec.effective(rt.policy_defaults),
-        parent=parent,
-        require_evidence=spec.require_evidence,
-        is_async=is_async,
-    )
-    attrs: dict[str, Any] = {
-        A.OPERATION: "invoke_agent",
-        A.AGENT_NAME: spec.agent,
-        A.RUN_ID: r.run_id,
-        A.TENANT: tenant,
-    }
-    if r.parent_run_id:
-        attrs[A.PARENT_RUN_ID] = r.parent_run_id
-    r.fail_closed = _fail_closed(r, spec)
-    r.span = rt.tracer.start_span(f"invoke_agent {spec.agent}", attributes=attrs)
-    r.ctx = trace.set_span_in_context(r.span)
-    sc = r.span.get_span_context()
-    if sc.is_valid:
-        r.trace_id = format(sc.trace_id, "032x")
-        rt.trace_started(sc.trace_id)
-    token = _current.set(r)
-    otel_token = otel_context.attach(r.ctx)
-    r._arm_deadline()
-    return r, token, otel_token
-
-
-def _admission(r: Run, spec: RunSpec) -> concurrent.futures.Future[Any] | None:
-    control = r.rt.control
-    if control is None:
-        return None
-    try:
-        return control.register(r, wait=_fail_closed(r, spec))
-    except Exception:  # the guard connection never breaks the agent
-        log.exception("otel-guard: registering the run with the guard failed")
-        return None
-
-
-def _fail_closed(r: Run, spec: RunSpec) -> bool:
-    return spec.fail_closed if spec.fail_closed is not None else r.rt.settings.fail_closed
-
-
-def _admitted(r: Run, spec: RunSpec, fut: Any, ok: bool) -> None:
-    """After the admission wait: a deny raises now; an unanswered fail_closed run refuses."""
-    r.check_stop()  # a deny is an interrupt: RunStopped before the first step
-    if not ok and _fail_closed(r, spec):
-        ms = r.rt.settings.admit_timeout_ms
-        msg = f"guard did not admit run {r.run_id} within {ms:g} ms (fail_closed)"
-        out = r.snapshot(Status.FAILED, Reason.ERROR, msg, DecidedBy.SDK)
-        exc = GuardUnavailable(msg)
-        exc.outcome = out  # type: ignore[attr-defined]
-        raise exc
-
-
-def _finish(r: Run, token: Any, otel_token: Any, exc: BaseException | None) -> tuple[Any, bool]:
-    try:
-        outcome, stopped = final_outcome(r, exc)
-        if isinstance(exc, GuardUnavailable) and getattr(exc, "outcome", None) is not None:
-            outcome, stopped = exc.outcome, False
-    except Exception:  # pragma: no cover - never let bookkeeping break the agent
-        log.exception("otel-guard: building the outcome failed")
-        outcome, stopped = (
-            r.snapshot(Status.FAILED, Reason.ERROR, "sdk error", DecidedBy.SDK),
-            False,
-        )
-    r.outcome = outcome
-    leftovers = r.end()
-    if outcome.status is not Status.COMPLETED:
-        for p in leftovers:  # a stopped run leaves no process behind
-            p.terminate(r.rt.settings.kill_grace_s)
-    try:
-        span = r.span
-        span.set_attributes(outcome_attrs(outcome))
-        if outcome.status is Status.FAILED:
-            span.set_status(SpanStatus(StatusCode.ERROR))
-        span.end()
-    except Exception:  # pragma: no cover
-        log.exception("otel-guard: ending the run span failed")
-    try:
-        _current.reset(token)
-        otel_context.detach(otel_token)
-    except ValueError:  # pragma: no cover - unwound in another context
-        pass
-    sc = r.span.get_span_context()
-    if sc.is_valid:
-        r.rt.trace_ended(sc.trace_id)
-    control = r.rt.control
-    if control is not None:
-        try:
-            control.run_ended(r, outcome)
-        except Exception:
-            log.exception("otel-guard: reporting the run's end to the guard failed")
-    return outcome, stopped
-
-
-def _admit_blocking(r: Run, spec: RunSpec) -> None:
-    """Wait (bounded by ``admit_timeout_ms``) for the guard's answer to a sync run's start."""
-    fut = _admission(r, spec)
-    if fut is None:
-        return
-    timeout_s = r.rt.settings.admit_timeout_ms / 1000.0
-    if asyncio._get_running_loop() is not None and not _fail_closed(r, spec):
-        # A sync agent called on an event loop's thread: never stall the loop for the
-        # admission; a deny that arrives later stops the run like a cancel.
-        timeout_s = 0.0
-    try:  # None = the stream dropped before an answer
-        ok = fut.result(timeout=timeout_s) is not None
-    except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
-        ok = False
-    _admitted(r, spec, fut, ok)
-
-
-async def _admit_awaiting(r: Run, spec: RunSpec) -> None:
-    """Await (bounded by ``admit_timeout_ms``) the guard's answer to an async run's start."""
-    fut = _admission(r, spec)
-    if fut is None:
-        return
-    try:  # None = the stream dropped before an answer
-        answer = await asyncio.wait_for(
-            asyncio.wrap_future(fut), r.rt.settings.admit_timeout_ms / 1000.0
-        )
-        ok = answer is not None
-    except (TimeoutError, asyncio.CancelledError) as exc:
-        if isinstance(exc, asyncio.CancelledError) and r.interrupt_info() is None:
-            raise  # cancelled from outside while waiting
-        ok = False
-    _admitted(r, spec, fut, ok)
-
-
-def _raise_for(outcome: Any, exc: BaseException) -> None:
-    cause = None if isinstance(exc, RunStopped) else exc
-    raise RunStopped(outcome) from cause
+@functools.lru_cache(maxsize=256)
+def agent_spec(agent: str) -> RunSpec:
+    """The spec of a framework's run: the agent's name, the policy's limits (none of its own)."""
+    return _make_spec(agent, None, None, {}, None, None, (), None)
 
 
 def _run_sync(spec: RunSpec, f: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    r, token, otel_token = _start(spec, False)
-    try:
-        _admit_blocking(r, spec)
-        value = f(*args, **kwargs)
-    except BaseException as exc:
-        outcome, stopped = _finish(r, token, otel_token, exc)
-        if stopped:
-            _raise_for(outcome, exc)
-        raise
-    outcome, stopped = _finish(r, token, otel_token, None)
-    if stopped and r.stopped is None:
-        raise RunStopped(outcome)
-    return value
+    with RunScope(spec):
+        return f(*args, **kwargs)
 
 
 async def _run_async(spec: RunSpec, f: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    r, token, otel_token = _start(spec, True)
-    r.task = asyncio.current_task()
-    r.loop = asyncio.get_running_loop()
-    if r.cancelled:  # cancelled during start (e.g. by a parent): deliver to the task now
-        r._cancel_task()
-    try:
-        await _admit_awaiting(r, spec)
-        value = await f(*args, **kwargs)
-    except BaseException as exc:
-        r.consume_task_cancel()
-        outcome, stopped = _finish(r, token, otel_token, exc)
-        task = r.task
-        outer_cancel = (
-            isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
-        )
-        if stopped and not outer_cancel:
-            _raise_for(outcome, exc)
-        raise
-    r.consume_task_cancel()
-    outcome, stopped = _finish(r, token, otel_token, None)
-    if stopped and r.stopped is None:
-        raise RunStopped(outcome)
-    return value
+    async with RunScope(spec):
+        return await f(*args, **kwargs)

@@ -40,11 +40,11 @@ from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
-from guard.policy import Action, Phase
-from guard.sdk import _spans as A
+from guard import semconv as A
+from guard.policy import Phase
 from guard.sdk._calls import MISSING, record_tool_call
 from guard.sdk._redact import copy_span
-from guard.sdk._reserve import current_reservation, tenant_after_call
+from guard.sdk._reserve import current_reservation
 from guard.sdk._run import _current as _current_run
 from guard.sdk._step import current_step
 from guard.semconv import (
@@ -65,7 +65,7 @@ __all__ = ["CallLedger", "ForeignSpans", "RunCalls"]
 
 log = logging.getLogger("guard.sdk")
 
-_AFTER_MODEL, _CONTINUE = Phase.AFTER_MODEL_CALL, Action.CONTINUE
+_AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _current_run_get = _current_run.get
 _OWNERS_MAX = 65_536  # open third-party spans tracked at once (a leak is forgotten, not grown)
 _SEEN_MAX = 256  # counted span ids kept per run (parents end within a few calls)
@@ -335,20 +335,15 @@ class ForeignSpans(SpanProcessor):
         sres = current_reservation.get()
         settles = sres.take() if sres is not None and sres.run is run else None
         seq, d = run.budget.model_call_escalation(
-            inp, out, reasoning, cached, cost, run.soft._level, settles
+            inp, out, reasoning, cached, cost, run.soft_rank, settles
         )
         self.model_calls += 1
         calls.add(span_id, parent_id)
         if ledger is not None:
             ledger.counted.append((response_id, inp, out, cost))
         run.did_work = True
-        if d is not None and d.action is not _CONTINUE:
-            run.apply(d, raise_now=False)  # raised at the run's next SDK call
-        if run.parent is not None:
-            run._check_ancestors(_AFTER_MODEL, raise_now=False)
-        al = run.root.allowance
-        if al is not None and settles is None:
-            tenant_after_call(run, al, cost, inp + out)
+        # a stop is raised at the run's next SDK call (a span processor never raises)
+        run.after_call(_AFTER_MODEL, d, spent=(cost, inp + out) if settles is None else None)
         extra: dict[str, Any] = {A.RUN_ID: run.run_id}
         if run.numbered:
             extra[A.SEQ] = seq

@@ -7,6 +7,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
+from guard import semconv as A
 from guard.errors import RunStopped
 from guard.policy import REASON_STATUS, DecidedBy, Outcome, Reason, Status
 
@@ -148,11 +149,11 @@ def cancel_message(reason: Reason, detail: str, by: DecidedBy = DecidedBy.SDK) -
 def outcome_attrs(outcome: Outcome) -> dict[str, Any]:
     """End attributes of the run span."""
     attrs: dict[str, Any] = {
-        "guard.stop.status": outcome.status.value,
-        "guard.stop.reason": outcome.reason.value,
-        "guard.usage.steps": outcome.steps,
-        "guard.usage.tool_calls": outcome.tool_calls,
+        A.STOP_STATUS: outcome.status.value,
+        A.STOP_REASON: outcome.reason.value,
+        A.USAGE_STEPS: outcome.steps,
+        A.USAGE_TOOL_CALLS: outcome.tool_calls,
     }
     if outcome.cost_usd is not None:
-        attrs["guard.cost.usd"] = outcome.cost_usd
+        attrs[A.COST_USD] = outcome.cost_usd
     return attrs

@@ -24,24 +24,21 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from guard.errors import RunStopped
+from guard import semconv as A
 from guard.policy import (
-    REASON_STATUS,
-    Action,
     Budget,
     DecidedBy,
     Decision,
     Limits,
     LoopDetector,
-    Phase,
     Reason,
     Remaining,
     SoftLevel,
     Status,
 )
-from guard.sdk import _timers
-from guard.sdk._outcome import build_outcome, cancel_message
+from guard.sdk._outcome import build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
+from guard.sdk._run_flow import RunFlow
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -60,7 +57,7 @@ def current_run_or_none() -> Run | None:
     return _current.get()
 
 
-class Run:
+class Run(RunFlow):
     """One guarded run. Obtain it with ``guard.current_run()`` inside a ``@guard.run``."""
 
     def __init__(
@@ -85,7 +82,10 @@ class Run:
         self.allowance: Any = None  # guard.sdk._reserve.Ceilings, pushed by the guard
         self.fail_closed = False  # set by the decorator: refuse when the guard cannot answer
         self.requested = limits
-        self.budget = Budget(limits, parent=parent.budget if parent is not None else None)
+        self.clock = rt.clock
+        self.budget = Budget(
+            limits, parent=parent.budget if parent is not None else None, clock=rt.clock.monotonic
+        )
         self.detector = LoopDetector(limits.loop)
         self.fp = rt.fingerprinter_for(limits.loop.ignore_fields)
         self.fp_ignore_fields = limits.loop.ignore_fields
@@ -94,7 +94,7 @@ class Run:
         self.is_async = is_async
         self.price_book_version = rt.price_book_version
         self.started_at = time.time()
-        self.t0 = time.monotonic()
+        self.t0 = self.clock.monotonic()
         self.trace_id = ""
         self.span: Any = None
         self.ctx: Any = None
@@ -120,7 +120,7 @@ class Run:
         self._interrupt: tuple[Reason, str, DecidedBy, bool] | None = None
         self._pending: Decision | None = None
         self.stopped: tuple[Decision, DecidedBy] | None = None  # a stop raised to the user
-        self._deadline_timer: _timers.Timer | None = None
+        self._deadline_timer: Any = None  # a handle of self.clock.schedule
         self.live = True
         if parent is not None:
             with parent._lock:
@@ -233,20 +233,20 @@ class Run:
         if self.limits.pause_freezes_deadline:
             self._disarm_deadline()
         if self.span is not None:
-            self.span.add_event("guard.pause", {"guard.pause.reason_fp": self.fp.text(reason)})
+            self.span.add_event(A.PAUSE_EVENT, {A.PAUSE_REASON_FP: self.fp.text(reason)})
 
     def resume(self) -> None:
         self.budget.resume()
         self._arm_deadline()
         if self.span is not None:
-            self.span.add_event("guard.resume")
+            self.span.add_event(A.RESUME_EVENT)
 
     def evidence(self, name: str, ok: bool = True) -> None:
         """Record evidence (e.g. ``tests_passed``) for ``require_evidence``."""
         with self._lock:
             self.evidence_seen[name] = bool(ok)  # the latest word wins (tests fixed, re-run)
         if self.span is not None:
-            self.span.add_event("guard.evidence", {"guard.evidence.name": name, "ok": bool(ok)})
+            self.span.add_event(A.EVIDENCE_EVENT, {A.EVIDENCE_NAME: name, A.EVIDENCE_OK: bool(ok)})
 
     def mark_partial(self, value: bool = True) -> None:
         """Say explicitly whether a usable partial result exists if the run stops."""
@@ -302,7 +302,7 @@ class Run:
             return
         self._disarm_deadline()
         left = deadline - self.budget.elapsed_s()
-        self._deadline_timer = _timers.schedule(left, self._deadline_fired)
+        self._deadline_timer = self.clock.schedule(left, self._deadline_fired)
 
     def _disarm_deadline(self) -> None:
         t, self._deadline_timer = self._deadline_timer, None
@@ -314,91 +314,14 @@ class Run:
             return
         left = (self.limits.deadline_s or 0.0) - self.budget.elapsed_s()
         if left > 0.001:  # limits changed or paused time excluded: re-arm
-            self._deadline_timer = _timers.schedule(left, self._deadline_fired)
+            self._deadline_timer = self.clock.schedule(left, self._deadline_fired)
             return
         msg = f"deadline_s {self.limits.deadline_s:g} reached (elapsed_s={self.elapsed_s():.3f})"
         self.interrupt(Reason.DEADLINE, msg, DecidedBy.SDK, cancel=False)
 
-    # -- decisions (run's own flow) --------------------------------------------------------
-    def check_stop(self) -> None:
-        """Raise ``RunStopped`` for an interrupt or a pending stop (no new policy evaluation)."""
-        intr = self._interrupt
-        if intr is not None:
-            reason, detail, by, _ = intr
-            msg = cancel_message(reason, detail, by)
-            self.raise_stop(Decision(Action.STOP, REASON_STATUS[reason], reason, message=msg), by)
-        pending = self._pending
-        if pending is not None:
-            self.raise_stop(pending, DecidedBy.SDK)
-
-    def check(self, phase: Phase = Phase.BEFORE_STEP) -> None:
-        """Full check before new work: interrupts, pending stops, then the policy."""
-        if self._interrupt is not None or self._pending is not None:
-            self.check_stop()
-        # Only a decision stronger than the soft level already given can change anything, and
-        # escalation() skips the evaluation when none can come out (hot path: 3 per step).
-        d = self.budget.escalation(phase=phase, above=self.soft.level)
-        if d is not None and d.action is not Action.CONTINUE:
-            self.apply(d, raise_now=True)
-        if self.parent is not None:
-            self._check_ancestors(phase)
-
-    def after(self, phase: Phase, loop: Any = None) -> None:
-        """Evaluate after a model call / tool batch: a stop becomes pending."""
-        d = self.budget.escalation(phase=phase, loop=loop, above=self.soft.level)
-        if d is not None and d.action is not Action.CONTINUE:
-            self.apply(d, raise_now=False)
-        if self.parent is not None:
-            self._check_ancestors(phase, raise_now=False)
-
-    def _check_ancestors(self, phase: Phase, raise_now: bool = True) -> None:
-        anc = self.parent
-        while anc is not None:
-            d = anc.budget.escalation(phase=phase, above=Action.WRAP_UP)  # only stops matter
-            if d is not None and d.stop:
-                anc.apply(d, raise_now=False)  # the parent stops when the child unwinds
-                msg = f"parent run {anc.run_id}: {d.message}"
-                self.apply(
-                    Decision(d.action, d.status, d.reason, d.utilisation, d.metric, msg),
-                    raise_now=raise_now,
-                )
-            anc = anc.parent
-
-    def apply(self, d: Decision, *, raise_now: bool) -> None:
-        if d.action is Action.STOP:
-            if self._pending is None:
-                self._pending = d
-            if raise_now:
-                self.raise_stop(d, DecidedBy.SDK)
-            return
-        act = self.soft.advance(d)
-        if act is not None:
-            self.directive(act.value, d.reason.value if d.reason else "", d.message, "sdk")
-
-    def directive(self, action: str, reason: str, detail: str, source: str) -> None:
-        """A warn / wrap_up from the local policy or the guard: exposed and recorded."""
-        if action == Action.WARN.value:
-            self.warned = True
-        elif action == Action.WRAP_UP.value:
-            self.wrap_up_requested = True
-        self.directives.append((action, reason, detail, source))
-        if self.span is not None:
-            self.span.add_event(
-                f"guard.{action}", {"guard.reason": reason, "guard.decided_by": source}
-            )
-        for cb in list(self._directive_cbs):
-            safe_call(cb, action, reason, detail)
-
-    def raise_stop(self, d: Decision, by: DecidedBy) -> None:
-        if self.stopped is None:
-            self.stopped = (d, by)
-        raise RunStopped(
-            self.snapshot(d.status or Status.FAILED, d.reason or Reason.ERROR, d.message, by)
-        )
-
     # -- outcome ----------------------------------------------------------------------------
     def elapsed_s(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock.monotonic() - self.t0
 
     def snapshot(self, status: Status, reason: Reason, message: str, by: DecidedBy) -> Outcome:
         return build_outcome(self, status, reason, message, by)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits, PriceBook
+from guard.policy import DEFAULT_PRICE_BOOK, Fingerprinter, Limits
+from guard.sdk._clock import SYSTEM_CLOCK, Clock
 from guard.sdk._config import Settings, get_settings
 from guard.sdk._providers import RELAY, install_global_provider, relay_for
 from guard.sdk._targets import Route
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._foreign import ForeignSpans
     from guard.sdk._redact import RedactingSpanExporter
 
-__all__ = ["Runtime", "get_runtime", "reset_runtime", "stats"]
+__all__ = ["Runtime", "current_runtime", "get_runtime", "reset_runtime", "stats"]
 
 log = logging.getLogger("guard.sdk")
 
@@ -50,9 +51,7 @@ class Runtime:
         self.fingerprinter = self.fingerprinter_for(_DEFAULT_IGNORE)
         self.price_book: Any = settings.price_book or DEFAULT_PRICE_BOOK
         self.price_book_version: str = getattr(self.price_book, "version", "") or ""
-        # model -> (input, cached input, output) USD per 1M tokens, filled by cost_usd() for a
-        # plain PriceBook, so the per-step path prices a call without two calls with keywords.
-        self.rates: dict[str, tuple[float, float, float]] = {}
+        self.clock: Clock = settings.clock or SYSTEM_CLOCK  # deadlines and pauses of runs
         self.policy_defaults: Limits | None = None  # pushed by the guard (Welcome / Policy)
         self._lock = threading.Lock()
         self._guarded: dict[int, int] = {}  # trace_id -> live runs in it
@@ -208,14 +207,13 @@ class Runtime:
         if price_book is not None and price_book.models and self.settings.price_book is None:
             self.price_book = price_book
             self.price_book_version = price_book.version or ""
-            self.rates = {}
 
     def cost_usd(
-        self, model: str, *, input_tokens: int, output_tokens: int, cached_tokens: int
+        self, model: str, input_tokens: int, output_tokens: int, cached_tokens: int
     ) -> float | None:
-        book = self.price_book
+        """The price book's cost of one call; ``None`` when unpriced (or the book failed)."""
         try:
-            cost = book.cost_usd(
+            return self.price_book.cost_usd(
                 model,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
@@ -224,12 +222,6 @@ class Runtime:
         except Exception:
             log.debug("price book lookup failed for %r", model, exc_info=True)
             return None
-        if cost is not None and type(book) is PriceBook and len(self.rates) < 4096:
-            p = book.price(model)
-            if p is not None:
-                cached = p.input if p.cached_input is None else p.cached_input
-                self.rates[model] = (p.input, cached, p.output)
-        return cost
 
     # -- lifecycle --------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -271,6 +263,11 @@ class Runtime:
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
+
+
+def current_runtime() -> Runtime | None:
+    """The runtime if one was built (none is built here)."""
+    return _runtime
 
 
 def get_runtime() -> Runtime:

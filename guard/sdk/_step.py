@@ -9,12 +9,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from guard.policy import Action, Phase
-from guard.sdk import _spans as A
+from guard import semconv as A
+from guard.policy import Phase
 from guard.sdk._calls import _ERROR, MISSING, _provider_cache, emit_call_span, record_tool_call
 from guard.sdk._calls import provider_for as _provider_for
 from guard.sdk._outcome import tag
-from guard.sdk._reserve import current_reservation, make_reservation, tenant_after_call
+from guard.sdk._reserve import current_reservation, make_reservation
 from guard.sdk._run import _current as _current_run
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +27,7 @@ _current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "guard_step", default=None
 )
 # Hot path (every step): module-level names instead of attribute lookups.
-_BEFORE_STEP, _AFTER_MODEL, _CONTINUE = Phase.BEFORE_STEP, Phase.AFTER_MODEL_CALL, Action.CONTINUE
+_AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _CLIENT = SpanKind.CLIENT
 _OPERATION, _REQUEST_MODEL, _INPUT_TOKENS, _OUTPUT_TOKENS = (
     A.OPERATION,
@@ -92,18 +92,7 @@ class Step:
         run = self.run
         if run is None:
             return self
-        # The usual case, one lock: nothing can fire, and the step is recorded. Otherwise (or
-        # in a nested run, whose ancestors are checked first) the full check, then the record.
-        seq = 0
-        if (
-            run._interrupt is not None
-            or run._pending is not None
-            or run.parent is not None
-            or not (seq := run.budget.step_if_no_escalation(run.soft._level))
-        ):
-            run.check(_BEFORE_STEP)
-            seq = run.budget.record_step()
-        run.step_index = index = run.step_index + 1
+        index, seq = run.begin_step()
         self.index = index
         attrs = {_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index}
         if run.numbered:
@@ -131,12 +120,7 @@ class Step:
             attrs[A.ERROR_TYPE] = et.__qualname__
             span.set_status(_ERROR)
         else:
-            with run._lock:
-                verdict = run.detector.end_step(
-                    state=state, progress=progress, acted=self.tool_calls > 0
-                )
-            if verdict.level is not _CONTINUE:
-                run.after(Phase.AFTER_TOOL_BATCH, verdict)
+            run.end_step(state=state, progress=progress, acted=self.tool_calls > 0)
         if attrs:
             span.set_attributes(attrs)
         span.end()
@@ -201,36 +185,13 @@ class Step:
             claimed = calls.claim(response_id, input_tokens, output_tokens)
             if claimed is not None:
                 # Counted from that span already (it is the call's span to the guard as well).
-                if run._interrupt is not None:
-                    run.check_stop()
+                run.check_interrupt()
                 return claimed[3] if cost_usd is None else cost_usd
         # The whole recording inline (one model call per step on the hot path).
         parent_ctx = self._ctx if self._ctx is not None else run.ctx
         rt = run.rt
         if cost_usd is None:
-            rates = rt.rates.get(model)
-            if (
-                rates is not None
-                and type(input_tokens) is int
-                and type(output_tokens) is int
-                and type(cached_tokens) is int
-                and input_tokens >= 0
-                and output_tokens >= 0
-                and cached_tokens >= 0
-            ):  # PriceBook.cost_usd()'s arithmetic, in its order (the same float)
-                cached = cached_tokens if cached_tokens < input_tokens else input_tokens
-                cost_usd = (
-                    (input_tokens - cached) * rates[0]
-                    + cached * rates[1]
-                    + output_tokens * rates[2]
-                ) / 1e6
-            else:
-                cost_usd = rt.cost_usd(
-                    model,
-                    input_tokens=input_tokens,
-                    output_tokens=output_tokens,
-                    cached_tokens=cached_tokens,
-                )
+            cost_usd = rt.cost_usd(model, input_tokens, output_tokens, cached_tokens)
         # Recorded and decided under one lock; the decision is applied once the span is out.
         # A reservation of this context (step.reserve) is settled by the call, in that lock.
         sres = _current_res_get()
@@ -240,7 +201,7 @@ class Step:
             reasoning_tokens,
             cached_tokens,
             cost_usd,
-            run.soft._level,
+            run.soft_rank,
             sres.take() if sres is not None and sres.run is run else None,
         )
         attrs: dict[str, Any] = {
@@ -274,15 +235,9 @@ class Step:
         emit_call_span(
             rt.tracer, f"{operation} {model}", parent_ctx, _CLIENT, attrs, started_at, error
         )
-        if d is not None and d.action is not _CONTINUE:
-            run.apply(d, raise_now=False)
-        if run.parent is not None:
-            run._check_ancestors(_AFTER_MODEL, raise_now=False)
-        al = run.root.allowance
-        if al is not None and sres is None:  # no reservation: keep room for the next call
-            tenant_after_call(run, al, cost_usd, input_tokens + output_tokens)
-        if run._interrupt is not None:  # recorded first: completed results are kept
-            run.check_stop()
+        # Recorded first: completed results are kept. No reservation: keep room for the next call.
+        spent = (cost_usd, input_tokens + output_tokens) if sres is None else None
+        run.after_call(_AFTER_MODEL, d, spent=spent, raise_interrupt=True)
         return cost_usd
 
     def tool_call(
@@ -319,8 +274,7 @@ class Step:
             call_id,
             started_at,
         )
-        if run._interrupt is not None:
-            run.check_stop()
+        run.check_interrupt()
         return fp
 
     def note_tool(self, action: str) -> None:

@@ -9,7 +9,8 @@ import pytest
 from _llm_server import LLMServer  # pytest puts this directory on sys.path (rootdir, prepend)
 
 import guard
-from guard.sdk._config import ENV, reset
+from guard.sdk._api import reset
+from guard.sdk._config import ENV
 from guard.testing import SpanSink, capture_spans
 
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import guard
+from guard.sdk._clock import ManualClock
 from guard.testing import SpanSink, capture_spans
 
 
@@ -199,14 +200,14 @@ def test_on_cancel_after_cancel_runs_at_once_and_errors_are_contained(sink: Span
     assert calls == ["late"]
 
 
-def test_timeout_and_remaining(sink: SpanSink) -> None:
+def test_timeout_and_remaining(clocked_sink: SpanSink, clock: ManualClock) -> None:
     box: dict = {}
 
     @guard.run(agent="a", deadline_s=10, max_steps=5, max_tool_calls=7, timeout_margin_s=0.5)
     def f() -> None:
         run = guard.current_run()
         with guard.step():
-            pass
+            clock.advance(1.25)
         box["rem"] = run.remaining()
         box["t_small"] = run.timeout(2.0)
         box["t_big"] = run.timeout(60.0)
@@ -215,31 +216,61 @@ def test_timeout_and_remaining(sink: SpanSink) -> None:
     f()
     rem = box["rem"]
     assert rem.steps == 4 and rem.tool_calls == 7 and rem.tokens is None
-    assert 9.0 < rem.seconds <= 10.0
+    assert rem.seconds == 8.75
     assert box["t_small"] == 2.0
-    assert 9.0 < box["t_big"] <= 9.5 and 9.0 < box["t_none"] <= 9.5
+    assert box["t_big"] == 8.25 and box["t_none"] == 8.25  # minus the 0.5 s margin
 
 
 @pytest.mark.parametrize("freezes", [True, False])
-def test_pause_resume_deadline_follows_policy(sink: SpanSink, freezes: bool) -> None:
-    @guard.run(agent="a", deadline_s=0.3, pause_freezes_deadline=freezes)
+def test_pause_resume_deadline_follows_policy(
+    clocked_sink: SpanSink, clock: ManualClock, freezes: bool
+) -> None:
+    box: dict = {}
+
+    @guard.run(agent="a", deadline_s=0.375, pause_freezes_deadline=freezes)
     def f() -> str:
         run = guard.current_run()
+        clock.advance(0.125)
         run.pause("waiting for approval")
         assert run.paused
-        time.sleep(0.45)  # longer than the whole deadline
+        clock.advance(0.5)  # longer than the whole deadline
+        box["cancelled_while_paused"] = run.cancelled
         run.resume()
+        box["seconds_left"] = run.remaining().seconds
         with guard.step():
             pass
         return "approved"
 
     if freezes:
         assert f() == "approved"
+        assert box == {"cancelled_while_paused": False, "seconds_left": 0.25}
     else:
         with pytest.raises(guard.RunStopped) as info:
             f()
         assert info.value.outcome.reason == "deadline"
-    assert "approval" not in sink.dump()  # the pause reason is fingerprinted, not exported
+        assert box == {"cancelled_while_paused": True, "seconds_left": 0.0}
+    assert "approval" not in clocked_sink.dump()  # the pause reason is fingerprinted
+
+
+def test_a_frozen_deadline_runs_again_after_resume(
+    clocked_sink: SpanSink, clock: ManualClock
+) -> None:
+    @guard.run(agent="a", deadline_s=0.375, pause_freezes_deadline=True)
+    def f() -> None:
+        run = guard.current_run()
+        run.pause("approval")
+        clock.advance(5.0)
+        run.resume()
+        clock.advance(0.25)
+        assert not run.cancelled  # 0.25 s of running time: within the deadline
+        clock.advance(0.25)
+        assert run.cancelled  # the re-armed deadline fired on resume's clock
+        with guard.step():
+            pass
+
+    with pytest.raises(guard.RunStopped) as info:
+        f()
+    assert (info.value.outcome.reason, info.value.outcome.deadline_ms) == ("deadline", 375)
 
 
 def test_pid_tracking_without_group(sink: SpanSink) -> None:

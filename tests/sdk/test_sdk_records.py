@@ -17,7 +17,7 @@ from test_sdk_control import _settings as _control_settings
 
 import guard
 from guard.errors import ConfigError
-from guard.sdk._config import reset
+from guard.sdk._api import reset
 from guard.sdk._runtime import get_runtime
 
 

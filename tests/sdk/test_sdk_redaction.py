@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import guard
-from guard.sdk._config import reset
+from guard.sdk._api import reset
 from guard.testing import SpanSink, capture_spans
 
 CANARIES = [

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import guard
+from guard.sdk._clock import ManualClock
 from guard.testing import FakeModel, Reply, SpanSink, ToolCall, run_agent_loop
 
 
@@ -92,30 +93,41 @@ def test_completion_wins_over_budget_reached_in_the_same_step(sink: SpanSink) ->
     assert sink.named("invoke_agent")[0].attributes["guard.stop.reason"] == "final_answer"
 
 
-def test_deadline_stops_a_sync_run_at_the_next_sdk_call(sink: SpanSink) -> None:
-    @guard.run(agent="a", deadline_s=0.2)
+def test_deadline_stops_a_sync_run_at_the_next_sdk_call(
+    clocked_sink: SpanSink, clock: ManualClock
+) -> None:
+    @guard.run(agent="a", deadline_s=0.25)
     def f() -> None:
         while True:
             with guard.step():
-                time.sleep(0.05)
+                clock.advance(0.0625)  # each step takes 62.5 ms of the run's clock (exact floats)
 
-    t0 = time.monotonic()
     o = _stop(f)
     assert (o.status, o.reason) == ("terminated", "deadline")
-    assert time.monotonic() - t0 < 2.0 and o.deadline_ms == 200
+    assert o.deadline_ms == 250
+    assert o.steps == 4  # the deadline passed during the 4th step; the 5th is refused
 
 
-async def test_deadline_interrupts_an_awaiting_async_run(sink: SpanSink) -> None:
-    @guard.run(agent="a", deadline_s=0.15)
+async def test_deadline_interrupts_an_awaiting_async_run(
+    clocked_sink: SpanSink, clock: ManualClock
+) -> None:
+    awaiting = asyncio.Event()
+
+    @guard.run(agent="a", deadline_s=0.25)
     async def f() -> None:
         async with guard.step():
+            awaiting.set()
             await asyncio.sleep(30)  # a hung model call
 
-    t0 = time.monotonic()
+    task = asyncio.ensure_future(f())
+    await asyncio.wait_for(awaiting.wait(), 10)
+    clock.advance(0.125)
+    await asyncio.sleep(0)
+    assert not task.done()  # before the deadline nothing happens
+    clock.advance(0.125)  # the deadline: the SDK cancels the awaiting task
     with pytest.raises(guard.RunStopped) as info:
-        await f()
+        await asyncio.wait_for(task, 10)
     assert info.value.outcome.reason == "deadline"
-    assert time.monotonic() - t0 < 2.0
 
 
 async def test_loop_detected_with_no_guard(sink: SpanSink) -> None:

@@ -19,7 +19,8 @@ from _sdk_real_guard import guard_in_thread
 
 import guard
 from guard.errors import ConfigError
-from guard.sdk._config import Settings, _validate, reset
+from guard.sdk._api import reset
+from guard.sdk._config import Settings, _validate
 from guard.sdk._runtime import get_runtime
 from guard.testing import capture_spans
 

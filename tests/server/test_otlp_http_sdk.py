@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import guard
-from guard.sdk._config import ENV, reset
+from guard.sdk._api import reset
+from guard.sdk._config import ENV
 from guard.server import MemorySink, ServerThread
 
 from .conftest import config
