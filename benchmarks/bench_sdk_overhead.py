@@ -43,11 +43,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import guard
-from guard.policy import DEFAULT_PRICE_BOOK, _fingerprint, _loops
+from guard.policy import DEFAULT_PRICE_BOOK, native_available, use_native
 from guard.sdk._api import reset
 from guard.sdk._runtime import get_runtime
 
-_NATIVE_BUILT = _fingerprint._NATIVE  # the native fast paths, or None when not built
+_NATIVE_BUILT = native_available()  # the native fast paths were built
 
 
 class NullExporter(SpanExporter):
@@ -342,8 +342,7 @@ def paired_rounds(tracer: trace.Tracer, steps: int, rounds: int, seed: int) -> d
 def set_native(on: bool) -> None:
     """Use the native fast paths (when built) or the pure-Python reference; takes effect for
     the fingerprinters and detectors made afterwards (configure() makes new ones)."""
-    _fingerprint._NATIVE = _NATIVE_BUILT if on else None
-    _loops._NATIVE = _NATIVE_BUILT if on else None
+    use_native(on)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "spans_per_step": 3,
         "numbered": NUMBERED,
-        "native": _NATIVE_BUILT is not None,
+        "native": _NATIVE_BUILT,
         "us_per_step_guard": round(main_["guard"], 2),
         "us_per_step_otel": round(main_["otel"], 2),
         "ratio": round(main_["ratio"], 3),

@@ -330,6 +330,10 @@ USAGE_TOOL_CALLS = "guard.usage.tool_calls"
 SEQ = "guard.seq"
 
 STEP_SPAN = "guard.step"
+# Operation names (gen_ai.operation.name) of the run and tool spans, also the head of their span
+# names ("invoke_agent {agent}", "execute_tool {tool}"); model calls use MODEL_OPERATIONS.
+INVOKE_AGENT = "invoke_agent"
+EXECUTE_TOOL = "execute_tool"
 
 # Events on the run span: a pause / resume, evidence, and each directive ("guard.warn",
 # "guard.wrap_up": DIRECTIVE_EVENT_PREFIX + the action) with its reason and who decided it.

@@ -198,7 +198,7 @@ def record_tool_call(
     if step is not None:
         step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {
-        _OPERATION: "execute_tool",
+        _OPERATION: A.EXECUTE_TOOL,
         _TOOL_NAME: name,
         _ACTION_FP: action,
         _TOOL_ATTEMPTS: attempts,
@@ -217,7 +217,13 @@ def record_tool_call(
         tag(error, "tool")
     if span_attrs is None:
         emit_call_span(
-            run.rt.tracer, f"execute_tool {name}", parent_ctx, _INTERNAL, attrs, started_at, error
+            run.rt.tracer,
+            f"{A.EXECUTE_TOOL} {name}",
+            parent_ctx,
+            _INTERNAL,
+            attrs,
+            started_at,
+            error,
         )
     else:
         span_attrs.update(attrs)

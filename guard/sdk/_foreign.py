@@ -203,8 +203,8 @@ def _is_tool(name: str, attrs: Any) -> bool:
     if op in MODEL_OPERATIONS or attrs.get("openinference.span.kind") == "LLM":
         return False  # a model call, whatever tool it names
     return (
-        op == "execute_tool"
-        or name.startswith("execute_tool")
+        op == A.EXECUTE_TOOL
+        or name.startswith(A.EXECUTE_TOOL)
         or any(attrs.get(k) == v for k, v in TOOL_SPAN_KINDS.items())
         or _first(attrs, _TOOL_MARKS) is not None
     )
@@ -355,7 +355,8 @@ class ForeignSpans(SpanProcessor):
         run, step = owner.run, owner.step
         name = _first(attrs, _TOOL_NAME_KEYS)
         if not isinstance(name, str) or not name:
-            name = span.name[13:] if span.name.startswith("execute_tool ") else span.name
+            head = A.EXECUTE_TOOL + " "
+            name = span.name[len(head) :] if span.name.startswith(head) else span.name
         calls = _calls_of(run)
         span_id = span.context.span_id
         if span_id in calls.tool_parents or (

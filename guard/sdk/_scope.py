@@ -107,7 +107,7 @@ class RunScope:
             is_async=is_async,
         )
         attrs: dict[str, Any] = {
-            A.OPERATION: "invoke_agent",
+            A.OPERATION: A.INVOKE_AGENT,
             A.AGENT_NAME: spec.agent,
             A.RUN_ID: r.run_id,
             A.TENANT: tenant,
@@ -115,7 +115,7 @@ class RunScope:
         if r.parent_run_id:
             attrs[A.PARENT_RUN_ID] = r.parent_run_id
         r.fail_closed = _fail_closed(r, spec)
-        r.span = rt.tracer.start_span(f"invoke_agent {spec.agent}", attributes=attrs)
+        r.span = rt.tracer.start_span(f"{A.INVOKE_AGENT} {spec.agent}", attributes=attrs)
         r.ctx = trace.set_span_in_context(r.span)
         sc = r.span.get_span_context()
         if sc.is_valid:

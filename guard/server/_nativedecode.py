@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from guard import semconv as sc
 from guard.server import _schema as s
 
 __all__ = ["available", "decode", "set_enabled"]
@@ -35,6 +36,7 @@ if _NATIVE is not None:
         (s.MAX_COUNTER, s.MAX_ID_CHARS, s.MAX_COST),
         # per-call strings: never repeat, so not worth caching
         (s.ACTION_FP, s.RESULT_HASH, s.STATE_HASH, s.RESP_ID),
+        (sc.STEP_SPAN, sc.INVOKE_AGENT, sc.EXECUTE_TOOL),
     )
     del _slots
 

@@ -26,6 +26,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_DEPTH 32
@@ -49,6 +50,11 @@ static PyObject *str_error = NULL; /* "error" */
 static PyObject *str_empty = NULL; /* "" */
 static PyObject *int_zero = NULL;
 static PyObject *last_trace = NULL; /* the last trace id returned (see span()) */
+/* the span and operation names classify() reads (guard.semconv): the step span's name, the
+ * run's and the tool's operation (also the head of their span names) */
+#define MAX_NAME 64
+static char step_span[MAX_NAME], invoke_agent[MAX_NAME], execute_tool[MAX_NAME],
+    tool_head[MAX_NAME + 1];
 static int nslots = 0;
 static int S_RUN_ID, S_OP, S_MODEL, S_RESP_MODEL, S_IN, S_OUT, S_CACHED, S_REASONING,
     S_TOOL_NAME, S_ERROR, S_KIND, S_FOREIGN, S_TRACE_ID, S_SPAN_ID, S_PARENT_SPAN_ID;
@@ -457,16 +463,18 @@ static int classify(obs *o, const unsigned char *name, Py_ssize_t name_len, int 
     int usage = o->slot[S_IN] != NULL || o->slot[S_OUT] != NULL;
     int kind;
     if (run) {
-        if (bytes_eq(name, name_len, "guard.step")) {
+        if (bytes_eq(name, name_len, step_span)) {
             kind = K_STEP;
-        } else if ((has_op && bytes_eq(op, op_len, "invoke_agent")) ||
-                   starts_with(name, name_len, "invoke_agent")) {
+        } else if ((has_op && bytes_eq(op, op_len, invoke_agent)) ||
+                   starts_with(name, name_len, invoke_agent)) {
             kind = K_RUN;
-        } else if ((has_op && bytes_eq(op, op_len, "execute_tool")) ||
-                   starts_with(name, name_len, "execute_tool")) {
+        } else if ((has_op && bytes_eq(op, op_len, execute_tool)) ||
+                   starts_with(name, name_len, execute_tool)) {
             kind = K_TOOL;
-            if (o->slot[S_TOOL_NAME] == NULL && starts_with(name, name_len, "execute_tool ")) {
-                PyObject *t = PyUnicode_DecodeUTF8((const char *)name + 13, name_len - 13, "strict");
+            if (o->slot[S_TOOL_NAME] == NULL && starts_with(name, name_len, tool_head)) {
+                Py_ssize_t head = (Py_ssize_t)strlen(tool_head);
+                PyObject *t =
+                    PyUnicode_DecodeUTF8((const char *)name + head, name_len - head, "strict");
                 if (t == NULL)
                     return -2;
                 obs_set(o, S_TOOL_NAME, t);
@@ -862,17 +870,36 @@ static int get_int(PyObject *d, const char *name, int *out) {
     return 0;
 }
 
-/* configure(keys, slots, observation, model_ops, aggregate_ops, bounds, unique)
+static int copy_name(PyObject *v, char *dst) {
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(v, &len);
+    if (s == NULL)
+        return -1;
+    if (len == 0 || len >= MAX_NAME) {
+        PyErr_SetString(PyExc_ValueError, "configure: a name must have 1..63 bytes");
+        return -1;
+    }
+    memcpy(dst, s, (size_t)len + 1);
+    return 0;
+}
+
+/* configure(keys, slots, observation, model_ops, aggregate_ops, bounds, unique, names)
  *   keys: {str: (slot, type)}; slots: {name: index} incl. "NSLOTS" and the KIND_* values;
- *   bounds: (max_counter, max_id_chars, max_cost); unique: slots of per-call strings */
+ *   bounds: (max_counter, max_id_chars, max_cost); unique: slots of per-call strings;
+ *   names: (step span name, run operation, tool operation) */
 static PyObject *sp_configure(PyObject *self, PyObject *args) {
-    PyObject *keys, *slots, *cls, *mops, *aops, *unique;
+    PyObject *keys, *slots, *cls, *mops, *aops, *unique, *n_step, *n_run, *n_tool;
     long long mc;
     Py_ssize_t mid;
     double mcost;
-    if (!PyArg_ParseTuple(args, "O!O!OOO(Lnd)O", &PyDict_Type, &keys, &PyDict_Type, &slots, &cls,
-                          &mops, &aops, &mc, &mid, &mcost, &unique))
+    if (!PyArg_ParseTuple(args, "O!O!OOO(Lnd)O(OOO)", &PyDict_Type, &keys, &PyDict_Type, &slots,
+                          &cls, &mops, &aops, &mc, &mid, &mcost, &unique, &n_step, &n_run,
+                          &n_tool))
         return NULL;
+    if (copy_name(n_step, step_span) < 0 || copy_name(n_run, invoke_agent) < 0 ||
+        copy_name(n_tool, execute_tool) < 0)
+        return NULL;
+    snprintf(tool_head, sizeof(tool_head), "%s ", execute_tool);
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyList_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure: the observation class must subclass list");
         return NULL;
@@ -963,7 +990,7 @@ static PyObject *sp_configure(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"configure", sp_configure, METH_VARARGS,
-     "configure(keys, slots, observation_class, model_ops, aggregate_ops, bounds)"},
+     "configure(keys, slots, observation_class, model_ops, aggregate_ops, bounds, unique, names)"},
     {"decode", (PyCFunction)(void (*)(void))sp_decode, METH_FASTCALL,
      "decode(data, state, max_spans) -> (observations, spans, state) | None (fall back)"},
     {NULL, NULL, 0, NULL},

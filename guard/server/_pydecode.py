@@ -20,6 +20,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
+from guard import semconv as sc
 from guard.errors import InvalidInput
 from guard.server._schema import (
     AGGREGATE_OPS,
@@ -62,6 +63,7 @@ from guard.server._schema import (
 __all__ = ["decode_spans", "kv_slot", "parse_request", "request_spans"]
 
 _parse = otlp.ExportTraceServiceRequest.FromString
+_TOOL_HEAD = sc.EXECUTE_TOOL + " "  # "execute_tool {tool}": the tool's name follows
 
 
 def parse_request(data: bytes) -> Any:
@@ -144,14 +146,14 @@ def _observe(span: Any, o: Observation) -> Observation | None:
     op = o[OP]
     name = span.name
     if run_id:
-        if name == "guard.step":
+        if name == sc.STEP_SPAN:
             kind = KIND_STEP
-        elif op == "invoke_agent" or name.startswith("invoke_agent"):
+        elif op == sc.INVOKE_AGENT or name.startswith(sc.INVOKE_AGENT):
             kind = KIND_RUN
-        elif op == "execute_tool" or name.startswith("execute_tool"):
+        elif op == sc.EXECUTE_TOOL or name.startswith(sc.EXECUTE_TOOL):
             kind = KIND_TOOL
-            if o[TOOL_NAME] is None and name.startswith("execute_tool "):
-                o[TOOL_NAME] = name[13:]
+            if o[TOOL_NAME] is None and name.startswith(_TOOL_HEAD):
+                o[TOOL_NAME] = name[len(_TOOL_HEAD) :]
             # STATUS_CODE_ERROR; HasField first: most spans carry no status, and reading
             # one allocates a wrapper
             if span.HasField("status") and span.status.code == 2:

@@ -143,25 +143,26 @@ USAGE_SLOTS: dict[str, tuple[int, int]] = {
     "response_id": (RESP_ID, STR),
     "tool_name": (TOOL_NAME, STR),
 }
-# key -> (slot, type): our own guard.* attributes, then the alias table.
+# key -> (slot, type): the names the SDK emits (guard.semconv's "emitted by the SDK" block),
+# then every spelling of the alias table.
 KEYS: dict[str, tuple[int, int]] = {
-    "guard.run.id": (RUN_ID, STR),
-    "guard.parent_run.id": (PARENT_RUN, STR),
-    "guard.tenant": (TENANT, STR),
-    "gen_ai.agent.name": (AGENT, STR),
-    "guard.cost.usd": (COST, FLOAT),
-    "guard.step.index": (STEP_INDEX, INT),
-    "guard.progress": (PROGRESS, BOOL),
-    "guard.state.hash": (STATE_HASH, STR),  # only compared, never stored
-    "guard.action.fingerprint": (ACTION_FP, HEX),  # stored: must be a digest
-    "guard.result.hash": (RESULT_HASH, STR),  # only compared, never stored
-    "guard.tool.attempts": (ATTEMPTS, INT),
-    "error.type": (ERROR, STR),
-    "guard.stop.status": (STOP_STATUS, STR),
-    "guard.stop.reason": (STOP_REASON, STR),
-    "guard.usage.steps": (USAGE_STEPS, INT),
-    "guard.usage.tool_calls": (USAGE_TOOLS, INT),
-    "guard.seq": (SEQ, INT),
+    sc.RUN_ID: (RUN_ID, STR),
+    sc.PARENT_RUN_ID: (PARENT_RUN, STR),
+    sc.TENANT: (TENANT, STR),
+    sc.AGENT_NAME: (AGENT, STR),
+    sc.COST_USD: (COST, FLOAT),
+    sc.STEP_INDEX: (STEP_INDEX, INT),
+    sc.PROGRESS: (PROGRESS, BOOL),
+    sc.STATE_HASH: (STATE_HASH, STR),  # only compared, never stored
+    sc.ACTION_FP: (ACTION_FP, HEX),  # stored: must be a digest
+    sc.RESULT_HASH: (RESULT_HASH, STR),  # only compared, never stored
+    sc.TOOL_ATTEMPTS: (ATTEMPTS, INT),
+    sc.ERROR_TYPE: (ERROR, STR),
+    sc.STOP_STATUS: (STOP_STATUS, STR),
+    sc.STOP_REASON: (STOP_REASON, STR),
+    sc.USAGE_STEPS: (USAGE_STEPS, INT),
+    sc.USAGE_TOOL_CALLS: (USAGE_TOOLS, INT),
+    sc.SEQ: (SEQ, INT),
 }
 KEYS.update((key, USAGE_SLOTS[f]) for key, f in sc.USAGE_KEYS.items() if f in USAGE_SLOTS)
 
