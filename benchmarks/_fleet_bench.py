@@ -50,7 +50,9 @@ WARM_REQUESTS = 16
 ADMIN = (("authorization", "Bearer bench-admin"),)
 
 
-def _guard_trial(name, cfg: Path, env: dict, load, warm, conc: int, profile: str | None) -> dict:
+def _guard_trial(
+    name, cfg: Path, env: dict, load, warm, conc: int, profile: str | None, old: bool
+) -> dict:
     """One guard process: warm-up, the control-only phase, the full phase (see the module
     docstring). ``profile``: cProfile the two timed phases into ``profile.0`` (control) and
     ``profile.1`` (full) through ``_profiled_guard``."""
@@ -65,7 +67,7 @@ def _guard_trial(name, cfg: Path, env: dict, load, warm, conc: int, profile: str
 
     def measured(label: str, prefix: str, data, export: bool) -> dict:
         async def pre():
-            kept = await open_streams(address)
+            kept = await open_streams(address, old)
             if profile:
                 os.kill(guard.pid, signal.SIGUSR1)
                 await asyncio.sleep(0.3)  # the guard's loop runs the handler
@@ -75,13 +77,16 @@ def _guard_trial(name, cfg: Path, env: dict, load, warm, conc: int, profile: str
             if profile:
                 os.kill(guard.pid, signal.SIGUSR2)
                 await asyncio.sleep(0.3)
+            frames[label] = sum(s.frames_in + s.frames_out for s in kept[1])
             await close_streams(kept)
 
         return measure_load(label, guard.pid, data.spans, phase(prefix, data, export),
                             pre=pre, post=post)  # fmt: skip
 
+    frames: dict[str, int] = {}
+
     try:
-        opened = lambda: open_streams(address)  # noqa: E731
+        opened = lambda: open_streams(address, old)  # noqa: E731
         measure_load("warm", guard.pid, warm.spans, phase("w", warm, True), pre=opened,
                      post=close_streams)  # fmt: skip
         ctl = measured("control", "c", load, False)
@@ -100,6 +105,7 @@ def _guard_trial(name, cfg: Path, env: dict, load, warm, conc: int, profile: str
     full["control_cpu_us_per_span"] = round(1e6 * ctl["cpu_s"] / spans, 3)
     full["control_cpu_us_per_run"] = round(1e6 * ctl["cpu_s"] / load.runs, 1)
     full["control_share"] = round(ctl["cpu_s"] / full["cpu_s"], 3)
+    full["control_frames_per_run"] = round(frames[name] / load.runs, 2)  # both directions
     return full
 
 
@@ -158,11 +164,11 @@ def fleet(args: Any) -> dict:
             pure_env = dict(env, OTEL_GUARD_PURE_PYTHON="1")
             for trial in range(args.runs):
                 prof = f"{args.profile}.{trial}" if args.profile else None
-                res = [_guard_trial("guard", cfg, env, load, warm, conc, prof)]
+                old = args.old_agents
+                res = [_guard_trial("guard", cfg, env, load, warm, conc, prof, old)]
                 if args.pure_python:
-                    res.append(
-                        _guard_trial("guard_pure_python", cfg, pure_env, load, warm, conc, None)
-                    )
+                    name = "guard_pure_python"
+                    res.append(_guard_trial(name, cfg, pure_env, load, warm, conc, None, old))
                 res.append(_plain("floor", floor.pid, fport, load, conc))
                 for name, r in rotels.items():
                     res.append(
@@ -211,6 +217,7 @@ def _summary(args: Any, load, trials: list[dict]) -> dict:
             "control_cpu_us_per_span",
             "control_cpu_us_per_run",
             "control_share",
+            "control_frames_per_run",
         )
     }
     return {
@@ -231,6 +238,7 @@ def _summary(args: Any, load, trials: list[dict]) -> dict:
             "heartbeat_every_requests": HEARTBEAT_EVERY,
             "in_flight": args.concurrency,
             "rotel_forward_compression": "gzip" if args.rotel_gzip else "none",
+            "agents": "old (no batches, Admit acked)" if args.old_agents else "batching",
         },
         "median_spans_per_cpu_s": rates,
         "median_ratios": {k: med(v) for k, v in ratios.items()},

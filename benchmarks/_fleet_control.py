@@ -1,7 +1,10 @@
 """The control streams of the fleet load, and the driver that replays it (``_fleet``).
 
 One Attach stream per tenant (one agent process each), speaking the protocol as the SDK
-does: Hello first; RunStarted per run, its Admit acked; a Heartbeat with the live runs every
+(``guard.sdk._control``) does: Hello first (``accepts_batches``); RunStarted per run, answered
+by Allowance and Admit (not acked); whatever is ready at once written as one AgentBatch when
+the Welcome says the guard reads them. ``old_agents=True``: as the SDK before batches did (no
+``accepts_batches``, every Admit acked, one message per write). A Heartbeat with the live runs every
 :data:`HEARTBEAT_EVERY` of the tenant's requests (with the guard at ~40k spans per CPU-second
 that is about the SDK's 1 s interval; fixed per request so that the span phase and the
 control-only phase carry exactly the same control traffic); RunEnded per run, waited on
@@ -26,28 +29,41 @@ HEARTBEAT_EVERY = 8
 class _Stream:
     """One tenant's agent process: its Attach stream and the runs it registered."""
 
-    def __init__(self, tenant: int, pb: Any, stub: Any) -> None:
+    def __init__(self, tenant: int, pb: Any, stub: Any, old: bool = False) -> None:
         self.pb = pb
         self.tenant = tenant
+        self.old = old
+        self.batches = False  # the guard's Welcome said it reads AgentMessage.batch
         self.queue: asyncio.Queue = asyncio.Queue()
         self.admits: dict[int, asyncio.Future] = {}  # request id -> admitted
         self.acks: dict[str, asyncio.Future] = {}  # run id -> record acknowledged
         self.live: dict[str, int] = {}  # run id -> steps so far
-        self.messages_in = 0
-        self.messages_out = 0
+        self.frames_in = 0  # grpc messages read (a batch is one)
+        self.frames_out = 0  # grpc messages written
         self.call = stub.Attach(self._requests(), metadata=auth_metadata(tenant))
         self.reader = asyncio.ensure_future(self._read())
 
     def put(self, msg: Any) -> None:
-        self.messages_out += 1
         self.queue.put_nowait(msg)
 
     async def _requests(self):
+        q = self.queue
         while True:
-            item = await self.queue.get()
-            if item is None:
+            batch = [await q.get()]
+            while batch[-1] is not None and not q.empty() and len(batch) < 1024:
+                batch.append(q.get_nowait())
+            closing = batch[-1] is None
+            if closing:
+                batch.pop()
+            if len(batch) > 1 and self.batches:
+                self.frames_out += 1
+                yield self.pb.AgentMessage(batch=self.pb.AgentBatch(messages=batch))
+            else:
+                for item in batch:
+                    self.frames_out += 1
+                    yield item
+            if closing:
                 return
-            yield item
 
     @staticmethod
     def _settle(box: dict, key: Any, error: str | None = None) -> None:
@@ -59,18 +75,28 @@ class _Stream:
                 fut.set_exception(RuntimeError(error))
 
     async def _read(self) -> None:
-        pb = self.pb
         async for msg in self.call:
-            self.messages_in += 1
-            kind = msg.WhichOneof("body")
-            if kind == "admit":
+            self.frames_in += 1
+            if msg.WhichOneof("body") == "batch":
+                for inner in msg.batch.messages:
+                    self._handle(inner)
+            else:
+                self._handle(msg)
+
+    def _handle(self, msg: Any) -> None:
+        pb = self.pb
+        kind = msg.WhichOneof("body")
+        if kind == "welcome":
+            self.batches = msg.welcome.accepts_batches and not self.old
+        elif kind == "admit":
+            if self.old:
                 ack = pb.Ack(command_id=msg.command_id, run_id=msg.admit.run_id, applied=True)
                 self.put(pb.AgentMessage(ack=ack))
-                self._settle(self.admits, msg.admit.request_id)
-            elif kind == "record_ack":
-                self._settle(self.acks, msg.record_ack.run_id)
-            elif kind == "deny":
-                self._settle(self.admits, msg.deny.request_id, f"denied: {msg.deny.detail}")
+            self._settle(self.admits, msg.admit.request_id)
+        elif kind == "record_ack":
+            self._settle(self.acks, msg.record_ack.run_id)
+        elif kind == "deny":
+            self._settle(self.admits, msg.deny.request_id, f"denied: {msg.deny.detail}")
 
     def start(self, rid: str, trace: bytes, request_id: int) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
@@ -119,18 +145,20 @@ class _Stream:
         self.put(pb.AgentMessage(heartbeat=pb.Heartbeat(runs=runs)))
 
 
-async def open_streams(address: str) -> tuple[grpc.aio.Channel, list[_Stream]]:
-    """One control stream per tenant, each with its Hello sent."""
+async def open_streams(
+    address: str, old_agents: bool = False
+) -> tuple[grpc.aio.Channel, list[_Stream]]:
+    """One control stream per tenant, each with its Hello sent (``old_agents``: see above)."""
     from guard.v1 import guard_pb2 as pb
     from guard.v1 import guard_pb2_grpc
 
     channel = grpc.aio.insecure_channel(address)
     stub = guard_pb2_grpc.GuardControlStub(channel)
-    streams = [_Stream(t, pb, stub) for t in range(TENANTS)]
+    streams = [_Stream(t, pb, stub, old_agents) for t in range(TENANTS)]
     for s in streams:
-        s.put(
-            pb.AgentMessage(hello=pb.Hello(process_id=f"fleet-{s.tenant}", tenant=f"t{s.tenant}"))
-        )
+        hello = pb.Hello(process_id=f"fleet-{s.tenant}", tenant=f"t{s.tenant}")
+        hello.accepts_batches = not old_agents
+        s.put(pb.AgentMessage(hello=hello))
     return channel, streams
 
 

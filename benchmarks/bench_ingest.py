@@ -326,6 +326,9 @@ def main() -> None:
     parser.add_argument("--no-rotel", action="store_true")
     parser.add_argument("--pure-python", action="store_true", help="also OTEL_GUARD_PURE_PYTHON=1")
     parser.add_argument("--rotel-gzip", action="store_true", help="rotel forwards gzipped")
+    parser.add_argument(
+        "--old-agents", action="store_true", help="fleet: agents as the SDK before batches"
+    )
     parser.add_argument("--numbered", action="store_true", help="guard.seq on the spans (simple)")
     parser.add_argument("--metrics", action="store_true", help="also a guard with metrics on")
     parser.add_argument("--profile", help="fleet: cProfile the guard into this file (pstats)")

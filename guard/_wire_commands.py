@@ -98,12 +98,14 @@ def record_ack_to_pb(run_id: str) -> pb.RecordAck:
 def welcome_to_pb(
     guard_id: str, session_id: str, heartbeat_interval_ms: int, agent_grace_s: int, policy: Any
 ) -> pb.Welcome:
+    """The guard's answer to a Hello; it always reads ``AgentMessage.batch``."""
     return pb.Welcome(
         guard_id=guard_id,
         session_id=session_id,
         heartbeat_interval_ms=heartbeat_interval_ms,
         agent_grace_s=agent_grace_s,
         policy=policy,
+        accepts_batches=True,
     )
 
 

@@ -47,10 +47,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
+    "MAX_BATCH_MESSAGES",
     "admit_to_pb",
     "allowance_to_pb",
     "cancel_response_to_pb",
     "check_allowance_request",
+    "check_batch",
     "check_heartbeat",
     "check_hello",
     "check_run_started",
@@ -356,7 +358,9 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
 # The control stream's validation, the guard's commands and its admin answers: kept in their
 # own modules, part of this one (the checks use limits_from_pb / usage_from_pb above).
 from guard._wire_checks import (  # noqa: E402
+    MAX_BATCH_MESSAGES,
     check_allowance_request,
+    check_batch,
     check_heartbeat,
     check_hello,
     check_run_started,

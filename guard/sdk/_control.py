@@ -39,7 +39,7 @@ from guard.sdk._records import PendingRecords
 from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
-from guard.wire import limits_to_pb, outcome_to_pb, usage_to_pb
+from guard.wire import MAX_BATCH_MESSAGES, limits_to_pb, outcome_to_pb, usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -53,6 +53,7 @@ log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
 _CONNECT_TIMEOUT_S = 1.0  # a guard that accepts TCP but never answers does not hold failover
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
+_BATCH = MAX_BATCH_MESSAGES  # at most this many messages in one write
 
 
 class ControlClient:
@@ -67,6 +68,7 @@ class ControlClient:
         self.first_attempt_done = threading.Event()
         self.counters = collections.Counter[str]()
         self.guard_id = ""
+        self.guard_batches = False  # the guard's Welcome said it reads AgentMessage.batch
         self._runs: dict[str, Run] = {}
         self._admissions: dict[int, tuple[concurrent.futures.Future[Any], str]] = {}
         self._request_ids = itertools.count(1)
@@ -309,6 +311,7 @@ class ControlClient:
             self._call = call
             q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             self._queue = q  # from here on new messages queue for this stream
+            self.guard_batches = False  # until this guard's Welcome says otherwise
             await wait_connected(channel, _CONNECT_TIMEOUT_S)
             with self._lock:
                 live = list(self._runs.values())
@@ -326,6 +329,7 @@ class ControlClient:
                     for r, snap in zip(live, snaps, strict=True)
                 ],
                 ended_runs=self.unacked.acked_recently(),
+                accepts_batches=True,
             )
             await call.write(pb.AgentMessage(hello=hello))
             for m in self.unacked.all():  # every record the guard has not acknowledged
@@ -351,14 +355,27 @@ class ControlClient:
         return established
 
     async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
+        """Write what is queued, in order: whatever is ready at once goes as one batch to a
+        guard that reads them (one grpc message instead of one per message)."""
         while True:
-            msg = await q.get()
-            if msg is _HALF_CLOSE:
+            batch = [await q.get()]
+            while batch[-1] is not _HALF_CLOSE and not q.empty() and len(batch) < _BATCH:
+                batch.append(q.get_nowait())
+            closing = batch[-1] is _HALF_CLOSE
+            if closing:
+                batch.pop()
+            # a RunEnded lost here is resent after the reconnect
+            if len(batch) > 1 and self.guard_batches:
+                self.counters["batches_out"] += 1
+                await call.write(pb.AgentMessage(batch=pb.AgentBatch(messages=batch)))
+            else:
+                for msg in batch:
+                    await call.write(msg)
+            if closing:
                 # Shutdown: everything queued before it is written (each write awaited).
                 # Half-close; the guard ends the stream once it has read every message.
                 await call.done_writing()
                 return
-            await call.write(msg)  # a RunEnded lost here is resent after the reconnect
 
     async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:

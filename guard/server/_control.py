@@ -26,7 +26,9 @@ from guard.server._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 from guard.wire import (
+    MAX_BATCH_MESSAGES,
     check_allowance_request,
+    check_batch,
     check_heartbeat,
     check_hello,
     check_run_started,
@@ -55,7 +57,10 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
         session = AgentSession(uuid.uuid4().hex, principal.tenant, registry.log)
         app.attach_session(session)
 
+        batches = False  # the agent's Hello said it reads GuardMessage.batch
+
         async def read() -> None:
+            nonlocal batches
             try:
                 first = True
                 async for msg in request_iterator:
@@ -64,27 +69,14 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         if body != "hello":
                             raise InvalidInput(f"first message must be hello, got {body}")
                         first = False
+                        batches = msg.hello.accepts_batches
                         await self._hello(session, msg.hello, principal)
-                    elif body == "run_started":
-                        check_run_started(msg.run_started)
-                        registry.register(session, msg.run_started, principal)
-                    elif body == "ack":
-                        registry.ack(session, msg.ack)
-                    elif body == "heartbeat":
-                        check_heartbeat(msg.heartbeat)
-                        registry.heartbeat(session, msg.heartbeat)
-                    elif body == "run_ended":
-                        registry.ended_by_agent(
-                            session, outcome_from_pb(msg.run_ended.outcome), principal
-                        )
-                    elif body == "allowance_request":
-                        check_allowance_request(msg.allowance_request)
-                        registry.budgets.request(session, msg.allowance_request, principal)
-                    elif body == "hello":
-                        raise InvalidInput("hello sent twice on one stream")
+                    elif body == "batch":
+                        check_batch(msg.batch)  # then each message at its turn, as if alone
+                        for inner in msg.batch.messages:
+                            await self._apply(session, inner, inner.WhichOneof("body"), principal)
                     else:
-                        raise InvalidInput("empty AgentMessage")
-                    await registry.budgets.sync()  # see _parts: settle with shared budgets
+                        await self._apply(session, msg, body, principal)
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:
@@ -96,20 +88,25 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
         reader = asyncio.ensure_future(read())
         try:
             queue = session.queue
-            while True:
+            closing = False
+            while not closing:
                 item = await queue.get()
                 if AgentSession.is_close(item):
                     break
-                await context.write(item)
-                # drain whatever else is ready without yielding per message
-                while not queue.empty():
+                # whatever else is ready goes in the same write (one batch for an agent that
+                # reads them: one grpc message instead of one per command)
+                items = [item]
+                while not queue.empty() and len(items) < MAX_BATCH_MESSAGES:
                     item = queue.get_nowait()
                     if AgentSession.is_close(item):
+                        closing = True
                         break
-                    await context.write(item)
+                    items.append(item)
+                if batches and len(items) > 1:
+                    await context.write(pb.GuardMessage(batch=pb.GuardBatch(messages=items)))
                 else:
-                    continue
-                break
+                    for item in items:
+                        await context.write(item)
             if session.error is not None:
                 await abort_for(context, session.error)
         finally:
@@ -118,6 +115,30 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                 await reader
             registry.detach(session)
             app.detach_session(session)
+
+    async def _apply(
+        self, session: AgentSession, msg: pb.AgentMessage, body: str | None, principal: Any
+    ) -> None:
+        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied."""
+        registry = self.app.registry
+        if body == "run_started":
+            check_run_started(msg.run_started)
+            registry.register(session, msg.run_started, principal)
+        elif body == "ack":
+            registry.ack(session, msg.ack)
+        elif body == "heartbeat":
+            check_heartbeat(msg.heartbeat)
+            registry.heartbeat(session, msg.heartbeat)
+        elif body == "run_ended":
+            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
+        elif body == "allowance_request":
+            check_allowance_request(msg.allowance_request)
+            registry.budgets.request(session, msg.allowance_request, principal)
+        elif body == "hello":
+            raise InvalidInput("hello sent twice on one stream")
+        else:
+            raise InvalidInput("empty AgentMessage")
+        await registry.budgets.sync()  # see _parts: settle with shared budgets
 
     async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
         """The first message: checked whole, then welcomed, then its live runs registered in
