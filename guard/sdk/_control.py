@@ -11,7 +11,9 @@ backoff applies per full cycle over them; the Hello re-registers the live runs w
 counters on whichever guard the stream reaches. Every RunEnded is kept until the guard's
 RecordAck and sent again after each reconnect (``_records.PendingRecords``); shutdown waits,
 bounded by ``Settings.shutdown_ack_timeout_s``, for the acknowledgements. Nothing here raises
-into user code.
+into user code. The Hello says the client reads ``GuardBatch`` (``accepts_batches``; then it
+does not ack an Admit, which nothing waits for); to a guard whose Welcome says the same, what
+is queued at once goes out as one ``AgentBatch`` (grpc.aio costs per stream message).
 """
 
 from __future__ import annotations

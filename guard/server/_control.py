@@ -9,6 +9,13 @@ Every message is validated whole against :mod:`guard.bounds` before any of it is
 (``guard.wire.check_*``), and a Hello re-registering many live runs is applied in slices of
 :data:`HELLO_SLICE` runs that yield to the event loop between them, so one agent's reconnect
 cannot hold the loop (and every other tenant's decisions) for long.
+
+Batches (``AgentBatch`` / ``GuardBatch``) cut the grpc.aio cost per run, which is per stream
+message: every message is read from an agent's batch and applied in order, exactly as if it
+had come alone (a batch that holds a Hello or another batch, or more than
+``MAX_BATCH_MESSAGES``, ends the stream before any of it applies); whatever the registry
+queued for the session by the time the writer runs goes out as one GuardBatch, to an agent
+whose Hello set ``accepts_batches`` (any other gets one GuardMessage per write, as before).
 """
 
 from __future__ import annotations
