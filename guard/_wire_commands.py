@@ -41,15 +41,24 @@ def envelope_to_pb(command_id: int, sent_at_unix: float) -> pb.GuardMessage:
     return pb.GuardMessage(command_id=command_id, sent_at_unix=sent_at_unix)
 
 
-def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version: str) -> Any:
-    from guard.wire import limits_to_pb
+_ADMIT_LIMITS: dict[Any, pb.Limits] = {}  # effective Limits -> its message (most runs share one)
+_ADMIT_LIMITS_MAX = 256
 
-    return pb.Admit(
-        run_id=run_id,
-        request_id=request_id,
-        effective=limits_to_pb(effective),
-        price_book_version=price_book_version,
-    )
+
+def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version: str) -> Any:
+    """An Admit with the run's effective limits. Their message is built once per distinct
+    (frozen) ``Limits`` value and copied into each Admit: every admission pays for it else."""
+    msg = pb.Admit(run_id=run_id, request_id=request_id, price_book_version=price_book_version)
+    limits = _ADMIT_LIMITS.get(effective)
+    if limits is None:
+        from guard.wire import limits_to_pb
+
+        limits = limits_to_pb(effective)
+        if len(_ADMIT_LIMITS) >= _ADMIT_LIMITS_MAX:
+            _ADMIT_LIMITS.clear()  # many distinct limits (requested per run): start over
+        _ADMIT_LIMITS[effective] = limits
+    msg.effective.CopyFrom(limits)
+    return msg
 
 
 def directive_to_pb(

@@ -14,7 +14,9 @@ the control stream as a whole, before any of them is applied.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 from guard.bounds import (
@@ -178,16 +180,22 @@ def usage_to_pb(usage: Usage | None) -> pb.Usage:
     return msg
 
 
+_usage_counters = operator.attrgetter(*USAGE_COUNTERS)
+# Usage(*counters) below relies on this order (one RunEnded / allowance request each)
+assert tuple(f.name for f in dataclasses.fields(Usage))[: len(USAGE_COUNTERS)] == USAGE_COUNTERS
+
+
 def usage_from_pb(msg: pb.Usage | None) -> Usage:
     """``guard.v1.Usage`` -> policy :class:`Usage`. Rejects NaN, infinite or negative cost,
     counters above :data:`~guard.bounds.MAX_COUNTER` and a cost above
     :data:`~guard.bounds.MAX_COST_USD_PER_RECORD`."""
     if msg is None:
         return Usage()
-    usage = Usage(**{name: int(getattr(msg, name)) for name in USAGE_COUNTERS})
-    for name in USAGE_COUNTERS:
-        if getattr(usage, name) > MAX_COUNTER:
-            check_count(f"usage.{name}", getattr(usage, name))
+    counters = _usage_counters(msg)  # uint64 fields: ints >= 0
+    if max(counters) > MAX_COUNTER:
+        for name, value in zip(USAGE_COUNTERS, counters, strict=True):
+            check_count(f"usage.{name}", value)
+    usage = Usage(*counters)
     if msg.HasField("cost_usd"):
         cost = _finite("usage.cost_usd", msg.cost_usd)
         if cost < 0:
