@@ -35,14 +35,16 @@ from _fleet import (
     REQUEST_SPANS,
     STEPS_PER_RUN,
     TENANTS,
+    auth_metadata,
     build_fleet,
     capture,
     fleet_env,
     fleet_policy,
 )
-from _fleet_control import HEARTBEAT_EVERY, close_streams, drive_exports, drive_fleet, open_streams
+from _fleet_control import HEARTBEAT_EVERY, close_streams, drive_fleet, open_streams
 from _net import start_guard
-from bench_ingest import measure_load, start_floor, start_rotel
+from _receivers import start_floor, start_rotel
+from bench_ingest import drive, measure_load
 
 __all__ = ["fleet"]
 
@@ -125,12 +127,13 @@ async def _counters(address: str) -> dict[str, float]:
 
 def _plain(name: str, pid: int, port: int, load, conc: int) -> dict:
     address, n = f"127.0.0.1:{port}", len(load.payloads)
+    md = [auth_metadata(t) for t in load.tenants]  # as the guard gets them (ignored here)
     return measure_load(
         name,
         pid,
         load.spans,
-        lambda kept: drive_exports(address, load, n, conc),
-        warm=lambda kept: drive_exports(address, load, 4, conc),
+        lambda kept: drive(address, load.payloads, n, conc, md, warm=0),
+        warm=lambda kept: drive(address, load.payloads, 4, conc, md, warm=0),
     )
 
 

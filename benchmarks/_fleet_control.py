@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from _fleet import TENANTS, FleetLoad, auth_metadata, run_id, trace_of
 
-__all__ = ["HEARTBEAT_EVERY", "close_streams", "drive_exports", "drive_fleet", "open_streams"]
+__all__ = ["HEARTBEAT_EVERY", "close_streams", "drive_fleet", "open_streams"]
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 HEARTBEAT_EVERY = 8
@@ -233,26 +233,6 @@ async def drive_fleet(
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     await asyncio.wait_for(asyncio.gather(*ended), 60)  # every record acknowledged
-    wall = time.perf_counter() - t0
-    await channel.close()
-    return wall
-
-
-async def drive_exports(address: str, load: FleetLoad, n: int, concurrency: int) -> float:
-    """Only the Export requests (each with its tenant's token): for the floor and rotel."""
-    channel = grpc.aio.insecure_channel(
-        address, options=[("grpc.max_send_message_length", 64 << 20)]
-    )
-    call = channel.unary_unary(EXPORT)
-    counter = iter(range(n))
-
-    async def worker() -> None:
-        for i in counter:
-            j = i % len(load.payloads)
-            await call(load.payloads[j], metadata=auth_metadata(load.tenants[j]), timeout=60)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     await channel.close()
     return wall

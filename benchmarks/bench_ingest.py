@@ -37,17 +37,13 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
-from _net import (  # benchmarks/ is on sys.path when run as a script
-    free_port,
-    start_guard,
-    wait_port,
-)
+from _net import start_guard  # benchmarks/ is on sys.path when run as a script
+from _receivers import floor_main, start_floor, start_rotel
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -189,29 +185,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# -- the floor receiver ------------------------------------------------------------------
-async def _floor(port: int) -> None:
-    ok = otlp.ExportTraceServiceResponse().SerializeToString()
-    parse = otlp.ExportTraceServiceRequest.FromString
-
-    async def export(data: bytes, context: object) -> bytes:
-        parse(data)
-        return ok
-
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "opentelemetry.proto.collector.trace.v1.TraceService",
-                {"Export": grpc.unary_unary_rpc_method_handler(export)},
-            ),
-        )
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
-
-
 # -- load -------------------------------------------------------------------------------
 async def _register_runs(address: str, tenants: int = 1) -> tuple[object, object]:
     from guard.v1 import guard_pb2 as pb
@@ -248,19 +221,26 @@ async def _register_runs(address: str, tenants: int = 1) -> tuple[object, object
     return channel, (call, queue)
 
 
-async def drive(address: str, payloads: list[bytes], n: int, concurrency: int) -> float:
+async def drive(
+    address: str, payloads: list[bytes], n: int, concurrency: int, metadata=None, warm: int = 2
+) -> float:
+    """``n`` Export requests (``payloads`` round-robin, each with its ``metadata[i]`` when
+    given) with ``concurrency`` in flight, after ``warm`` ones outside the wall time (but
+    inside the caller's CPU window); returns wall seconds."""
     channel = grpc.aio.insecure_channel(
         address, options=[("grpc.max_send_message_length", 64 << 20)]
     )
     export = channel.unary_unary(EXPORT)
     counter = iter(range(n))
+    md = metadata or [None] * len(payloads)
 
     async def worker() -> None:
         for i in counter:
-            await export(payloads[i % len(payloads)], timeout=60)
+            j = i % len(payloads)
+            await export(payloads[j], metadata=md[j], timeout=60)
 
-    for p in payloads[:2]:  # warm up
-        await export(p, timeout=60)
+    for p, m in zip(payloads[:warm], md, strict=False):  # warm up
+        await export(p, metadata=m, timeout=60)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
@@ -339,7 +319,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "floor":
-        asyncio.run(_floor(args.port))
+        asyncio.run(floor_main(args.port))
         return
     if args.role == "capture":
         from _fleet import capture_main
@@ -352,15 +332,6 @@ def main() -> None:
         print(json.dumps(fleet(args), indent=2))
         return
     print(json.dumps(simple(args), indent=2))
-
-
-def start_floor(procs: list) -> tuple[subprocess.Popen, int]:
-    """The decode-only floor in its own process (it joins ``procs``), and its port."""
-    fport = free_port()
-    floor = subprocess.Popen([sys.executable, __file__, "--role", "floor", "--port", str(fport)])
-    procs.append(floor)
-    wait_port(fport, floor)
-    return floor, fport
 
 
 def simple(args) -> dict:
@@ -434,34 +405,6 @@ def simple(args) -> dict:
     if "rotel" in by and by["rotel"].get("spans_per_s_per_core"):
         out["guard_vs_rotel"] = round(g / by["rotel"]["spans_per_s_per_core"], 3)
     return out
-
-
-def start_rotel(procs: list, forward_to: str | None, *, gzip: bool = False):
-    """rotel (PyPI ``rotel``) on free loopback ports: into its blackhole exporter
-    (``forward_to=None``) or forwarding over OTLP/gRPC to ``forward_to`` (gzip only when
-    asked: its default is gzip). Returns (process, gRPC port), or an error entry."""
-    try:
-        import rotel
-    except ImportError:
-        return {"receiver": "rotel", "error": "rotel not installed"}
-    binary = Path(rotel.__file__).resolve().parent / "rotel-agent"
-    port, http = free_port(), free_port()
-    pidfile = Path(tempfile.gettempdir()) / f"rotel-bench-{os.getpid()}-{port}.pid"
-    cmd = [str(binary), "start", "--otlp-grpc-endpoint", f"127.0.0.1:{port}"]
-    cmd += ["--otlp-http-endpoint", f"127.0.0.1:{http}", "--pid-file", str(pidfile)]
-    if forward_to is None:
-        cmd += ["--exporter", "blackhole"]
-    else:
-        cmd += ["--exporter", "otlp", "--otlp-exporter-endpoint", forward_to]
-        cmd += ["--otlp-exporter-protocol", "grpc"]
-        cmd += ["--otlp-exporter-compression", "gzip" if gzip else "none"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs.append(proc)
-    try:
-        wait_port(port, proc)
-    except RuntimeError as exc:
-        return {"receiver": "rotel", "error": str(exc)}
-    return proc, port
 
 
 if __name__ == "__main__":
