@@ -22,6 +22,7 @@ __all__ = [
     "cancel_response_to_pb",
     "directive_to_pb",
     "envelope_to_pb",
+    "guard_batch_to_pb",
     "list_runs_response_to_pb",
     "record_ack_to_pb",
     "run_status_from_hex",
@@ -102,6 +103,11 @@ def allowance_to_pb(
 
 def record_ack_to_pb(run_id: str) -> pb.RecordAck:
     return pb.RecordAck(run_id=run_id)
+
+
+def guard_batch_to_pb(messages: list[pb.GuardMessage]) -> pb.GuardMessage:
+    """Several GuardMessages, in order, as one stream message (``accepts_batches`` agents)."""
+    return pb.GuardMessage(batch=pb.GuardBatch(messages=messages))
 
 
 def welcome_to_pb(

@@ -39,6 +39,7 @@ from guard.wire import (
     check_heartbeat,
     check_hello,
     check_run_started,
+    guard_batch_to_pb,
     outcome_from_pb,
     policy_to_pb,
     welcome_to_pb,
@@ -110,7 +111,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         break
                     items.append(item)
                 if batches and len(items) > 1:
-                    await context.write(pb.GuardMessage(batch=pb.GuardBatch(messages=items)))
+                    await context.write(guard_batch_to_pb(items))
                 else:
                     for item in items:
                         await context.write(item)
