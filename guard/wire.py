@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
+    "MAX_BATCH_BYTES",
     "MAX_BATCH_MESSAGES",
     "admit_to_pb",
     "allowance_to_pb",
@@ -75,6 +76,7 @@ __all__ = [
     "run_status_to_hex",
     "run_status_to_pb",
     "stats_response_to_pb",
+    "take_batch",
     "tenant_budget_to_pb",
     "tenant_budgets_response_to_pb",
     "usage_from_pb",
@@ -366,6 +368,7 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
 
 # The control stream's validation, the guard's commands and its admin answers: kept in their
 # own modules, part of this one (the checks use limits_from_pb / usage_from_pb above).
+from guard._wire_batch import MAX_BATCH_BYTES, take_batch  # noqa: E402
 from guard._wire_checks import (  # noqa: E402
     MAX_BATCH_MESSAGES,
     check_allowance_request,

@@ -41,7 +41,7 @@ from guard.sdk._records import PendingRecords
 from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
-from guard.wire import MAX_BATCH_MESSAGES, limits_to_pb, outcome_to_pb, usage_to_pb
+from guard.wire import limits_to_pb, outcome_to_pb, take_batch, usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -55,7 +55,10 @@ log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
 _CONNECT_TIMEOUT_S = 1.0  # a guard that accepts TCP but never answers does not hold failover
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
-_BATCH = MAX_BATCH_MESSAGES  # at most this many messages in one write
+
+
+def _is_half_close(item: Any) -> bool:
+    return item is _HALF_CLOSE
 
 
 class ControlClient:
@@ -357,22 +360,24 @@ class ControlClient:
         return established
 
     async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
-        """Write what is queued, in order: whatever is ready at once goes as one batch to a
-        guard that reads them (one grpc message instead of one per message)."""
+        """Write what is queued, in order: to a guard that reads batches, whatever is ready
+        at once goes as one AgentBatch (one grpc message instead of one per message)."""
+        carry: Any = None
         while True:
-            batch = [await q.get()]
-            while batch[-1] is not _HALF_CLOSE and not q.empty() and len(batch) < _BATCH:
-                batch.append(q.get_nowait())
+            first = carry if carry is not None else await q.get()
+            if self.guard_batches:
+                batch, carry = take_batch(q, first, _is_half_close)
+            else:
+                batch, carry = [first], None
             closing = batch[-1] is _HALF_CLOSE
             if closing:
                 batch.pop()
             # a RunEnded lost here is resent after the reconnect
-            if len(batch) > 1 and self.guard_batches:
+            if len(batch) > 1:
                 self.counters["batches_out"] += 1
                 await call.write(pb.AgentMessage(batch=pb.AgentBatch(messages=batch)))
-            else:
-                for msg in batch:
-                    await call.write(msg)
+            elif batch:
+                await call.write(batch[0])
             if closing:
                 # Shutdown: everything queued before it is written (each write awaited).
                 # Half-close; the guard ends the stream once it has read every message.

@@ -14,7 +14,8 @@ Batches (``AgentBatch`` / ``GuardBatch``) cut the grpc.aio cost per run, which i
 message: every message is read from an agent's batch and applied in order, exactly as if it
 had come alone (a batch that holds a Hello or another batch, or more than
 ``MAX_BATCH_MESSAGES``, ends the stream before any of it applies); whatever the registry
-queued for the session by the time the writer runs goes out as one GuardBatch, to an agent
+queued for the session by the time the writer runs goes out as one GuardBatch (bounded:
+``guard.wire.take_batch``), to an agent
 whose Hello set ``accepts_batches`` (any other gets one GuardMessage per write, as before).
 """
 
@@ -33,7 +34,6 @@ from guard.server._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 from guard.wire import (
-    MAX_BATCH_MESSAGES,
     check_allowance_request,
     check_batch,
     check_heartbeat,
@@ -42,6 +42,7 @@ from guard.wire import (
     guard_batch_to_pb,
     outcome_from_pb,
     policy_to_pb,
+    take_batch,
     welcome_to_pb,
 )
 
@@ -95,26 +96,24 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
 
         reader = asyncio.ensure_future(read())
         try:
-            queue = session.queue
-            closing = False
-            while not closing:
-                item = await queue.get()
-                if AgentSession.is_close(item):
-                    break
-                # whatever else is ready goes in the same write (one batch for an agent that
-                # reads them: one grpc message instead of one per command)
-                items = [item]
-                while not queue.empty() and len(items) < MAX_BATCH_MESSAGES:
-                    item = queue.get_nowait()
-                    if AgentSession.is_close(item):
-                        closing = True
-                        break
-                    items.append(item)
-                if batches and len(items) > 1:
-                    await context.write(guard_batch_to_pb(items))
+            queue, carry = session.queue, None
+            while True:
+                item = carry if carry is not None else await queue.get()
+                # whatever else is ready goes in the same write (one GuardBatch for an agent
+                # that reads them: one grpc message instead of one per command)
+                if batches:
+                    items, carry = take_batch(queue, item, AgentSession.is_close)
                 else:
-                    for item in items:
-                        await context.write(item)
+                    items, carry = [item], None
+                closing = AgentSession.is_close(items[-1])
+                if closing:
+                    items.pop()
+                if len(items) > 1:
+                    await context.write(guard_batch_to_pb(items))
+                elif items:
+                    await context.write(items[0])
+                if closing:
+                    break
             if session.error is not None:
                 await abort_for(context, session.error)
         finally:

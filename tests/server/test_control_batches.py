@@ -126,3 +126,31 @@ async def test_an_oversized_batch_is_refused(sink):
         )
         assert "big1" not in srv.registry.runs
         await agent.close()
+
+
+def test_a_batch_is_bounded_by_count_and_by_size():
+    import asyncio
+
+    from guard.wire import MAX_BATCH_BYTES, take_batch
+
+    def end(item) -> bool:
+        return item is None
+
+    q: asyncio.Queue = asyncio.Queue()
+    for i in range(MAX_BATCH_MESSAGES + 5):
+        q.put_nowait(pb.AgentMessage(ack=pb.Ack(command_id=i + 1)))
+    q.put_nowait(None)
+    batch, carry = take_batch(q, q.get_nowait(), end)
+    assert len(batch) == MAX_BATCH_MESSAGES and carry is None
+    rest, carry = take_batch(q, q.get_nowait(), end)
+    assert [m.ack.command_id for m in rest[:-1]] == list(range(1025, 1030)) and rest[-1] is None
+
+    # a backed-up stream of large heartbeats: never one message over MAX_BATCH_BYTES
+    runs = [pb.RunProgress(run_id=f"{i:0200d}") for i in range(7000)]  # ~1.4 MB each
+    beats = [pb.AgentMessage(heartbeat=pb.Heartbeat(runs=runs)) for _ in range(3)]
+    assert 2 * beats[0].ByteSize() <= MAX_BATCH_BYTES < 3 * beats[0].ByteSize()
+    for b in beats[1:]:
+        q.put_nowait(b)
+    batch, carry = take_batch(q, beats[0], end)
+    assert batch == beats[:2] and carry is beats[2] and q.empty()
+    assert take_batch(q, carry, end) == ([beats[2]], None)
