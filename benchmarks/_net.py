@@ -33,15 +33,21 @@ def wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 20.0) -> Non
 
 
 def start_guard(
-    config_path: str, *, env: dict[str, str] | None = None, stderr: Any = None
+    config_path: str,
+    *,
+    env: dict[str, str] | None = None,
+    stderr: Any = None,
+    wrapper: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen, int]:
     """Start ``otel-guard serve`` (no store) on a free loopback port with this policy file and
     wait until it listens. Returns the process and its port; the caller terminates it.
-    ``stderr``: where the guard's log goes (default: this process's stderr)."""
+    ``stderr``: where the guard's log goes (default: this process's stderr). ``wrapper``:
+    arguments between the interpreter and ``-m guard.cli`` (e.g. a profiling script)."""
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
+            *wrapper,
             "-m",
             "guard.cli",
             "serve",

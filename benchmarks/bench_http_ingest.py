@@ -9,7 +9,7 @@ control stream, get the same pre-serialised 512-span requests (``bench_ingest.bu
 * ``http_gzip``: the same bodies gzipped (``Content-Encoding: gzip``; compressed once, ahead);
 * ``http_json``: the same requests as OTLP/JSON (``application/json``, hex ids).
 
-spans/s/core = spans sent / CPU seconds of the guard process (``bench_ingest.cpu_seconds``).
+spans/s/core = spans sent / CPU seconds of the guard process (``bench_ingest.measure_load``).
 Prints JSON with each HTTP variant's ratio to gRPC.
 
     python benchmarks/bench_http_ingest.py [--requests 200] [--concurrency 8]
@@ -37,8 +37,8 @@ from bench_ingest import (
     STEPS_PER_REQUEST,
     _register_runs,
     build_requests,
-    cpu_seconds,
     measure,
+    measure_load,
 )
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
@@ -85,35 +85,29 @@ async def _drive_http(url: str, bodies: list[bytes], headers: dict, n: int, conc
             for i in counter:
                 await post(bodies[i % len(bodies)])
 
-        for body in bodies[:4]:  # warm up through the full path
-            await post(body)
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         return time.perf_counter() - t0
 
 
 def measure_http(name: str, pid: int, address: str, http_port: int, bodies, headers, n, conc):
-    async def go() -> tuple[float, float, float]:
-        keep = await _register_runs(address)
-        url = f"http://127.0.0.1:{http_port}/v1/traces"
-        await _drive_http(url, bodies, headers, 4, conc)
-        c0 = cpu_seconds(pid)
-        wall = await _drive_http(url, bodies, headers, n, conc)
-        c1 = cpu_seconds(pid)
-        keep[1][1].put_nowait(None)
-        await keep[0].close()
-        return wall, c0, c1
+    """``bench_ingest.measure_load`` over HTTP: 256 runs registered over a control stream,
+    a warm-up of 4 requests, then ``n`` POSTs with ``conc`` in flight."""
+    url = f"http://127.0.0.1:{http_port}/v1/traces"
 
-    wall, c0, c1 = asyncio.run(go())
-    spans, cpu = n * SPANS_PER_REQUEST, c1 - c0
-    return {
-        "receiver": name,
-        "spans": spans,
-        "wall_s": round(wall, 3),
-        "cpu_s": round(cpu, 3),
-        "spans_per_s": round(spans / wall),
-        "spans_per_s_per_core": round(spans / cpu) if cpu > 0 else None,
-    }
+    async def close(kept) -> None:
+        kept[1][1].put_nowait(None)
+        await kept[0].close()
+
+    return measure_load(
+        name,
+        pid,
+        n * SPANS_PER_REQUEST,
+        lambda kept: _drive_http(url, bodies, headers, n, conc),
+        pre=lambda: _register_runs(address),
+        warm=lambda kept: _drive_http(url, bodies, headers, 4, conc),
+        post=close,
+    )
 
 
 def main() -> None:

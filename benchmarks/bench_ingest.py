@@ -1,25 +1,32 @@
-"""Ingest throughput: spans per second per core through the guard, against two baselines.
+"""Ingest throughput: spans per CPU-second of the receiving process, against baselines.
 
-Three receivers get the same pre-serialised OTLP load (512-span requests of guarded steps:
-one model call, two tool calls and a step end per step, across 256 live runs), one at a time:
+``--load fleet`` (the default; DESIGN §5, see ``_fleet_bench`` for the method): the spans the
+real SDK exports for guarded runs (run span, steps, model calls, tool calls), replayed under
+fresh run ids for 8 tenants with caps, three rolling windows each and bearer tokens; every run
+registered, admitted, acked, heart-beaten and ended over its tenant's control stream, new runs
+throughout, 8 Export requests in flight. Receivers: the guard with full policy (and with
+``--pure-python`` the same guard with ``OTEL_GUARD_PURE_PYTHON=1``), the decode-only floor,
+rotel into its blackhole exporter and rotel forwarding to the floor. The guard's CPU is split
+into the span path and the control path by measuring the control traffic alone on the same
+process. Every ratio is taken within one trial; medians over ``--runs`` trials.
 
-* ``guard``: ``otel-guard serve`` with full policy (run limits, loop detection, forecast,
-  tenant rolling windows and concurrency), runs registered over a real control stream;
-* ``floor``: a do-nothing OTLP receiver on the same grpcio (grpc.aio) that parses each
-  request and acks it (the decode-only floor);
-* ``rotel``: the rotel collector (PyPI ``rotel``) receiving the load and passing it through
-  its OTLP exporter to a floor receiver.
+    python benchmarks/bench_ingest.py [--runs 5] [--requests 300] [--pure-python] [--no-rotel]
+    python benchmarks/bench_ingest.py --runs 1 --no-rotel --profile /tmp/guard.prof
+
+``--profile P``: cProfile the guard's control phase into ``P.0.0`` and its full phase into
+``P.0.1`` (``pstats``; a profiled run's figures are not to be quoted).
+
+``--load simple``: the load of the earlier issues, kept so old figures can be compared: three
+receivers get the same pre-serialised synthetic load (512-span requests of guarded steps: one
+model call, two tool calls and a step end per step, across 256 live runs of one tenant,
+registered once over one control stream, no auth): the guard, the floor, and rotel forwarding
+(gzip, its default) to the floor. ``--numbered``: every counted span carries its record number
+(``guard.seq``). ``--metrics``: also a guard with its own metrics on (``guard.metrics.listen``),
+reported as ``guard_metrics`` with its ratio to the plain guard (``metrics_vs_plain``).
 
 spans/s/core = spans sent / CPU seconds (user + system) of the receiving process, read from
 its CPU clock (``clock_getcpuclockid``; ``/proc/<pid>/stat`` ticks as the fallback). Prints
-JSON. Goals: guard >= 100k spans/s/core and >= 0.25x the floor.
-
-    python benchmarks/bench_ingest.py [--requests 300] [--concurrency 8] [--no-rotel] [--numbered]
-
-``--numbered``: every counted span carries its record number (``guard.seq``), as the SDK's
-spans do when it has a control stream. ``--metrics``: also measure a guard with its own metrics
-on (``guard.metrics.listen``, a Prometheus endpoint), reported as ``guard_metrics`` with its
-ratio to the plain guard of the same run (``metrics_vs_plain``).
+JSON. Goals (fleet): guard >= 1.0x rotel blackhole and >= 0.5x the floor.
 """
 
 from __future__ import annotations
@@ -30,17 +37,13 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
-from _net import (  # benchmarks/ is on sys.path when run as a script
-    free_port,
-    start_guard,
-    wait_port,
-)
+from _net import start_guard  # benchmarks/ is on sys.path when run as a script
+from _receivers import floor_main, start_floor, start_rotel
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -182,29 +185,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# -- the floor receiver ------------------------------------------------------------------
-async def _floor(port: int) -> None:
-    ok = otlp.ExportTraceServiceResponse().SerializeToString()
-    parse = otlp.ExportTraceServiceRequest.FromString
-
-    async def export(data: bytes, context: object) -> bytes:
-        parse(data)
-        return ok
-
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "opentelemetry.proto.collector.trace.v1.TraceService",
-                {"Export": grpc.unary_unary_rpc_method_handler(export)},
-            ),
-        )
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
-
-
 # -- load -------------------------------------------------------------------------------
 async def _register_runs(address: str, tenants: int = 1) -> tuple[object, object]:
     from guard.v1 import guard_pb2 as pb
@@ -241,19 +221,26 @@ async def _register_runs(address: str, tenants: int = 1) -> tuple[object, object
     return channel, (call, queue)
 
 
-async def drive(address: str, payloads: list[bytes], n: int, concurrency: int) -> float:
+async def drive(
+    address: str, payloads: list[bytes], n: int, concurrency: int, metadata=None, warm: int = 2
+) -> float:
+    """``n`` Export requests (``payloads`` round-robin, each with its ``metadata[i]`` when
+    given) with ``concurrency`` in flight, after ``warm`` ones outside the wall time (but
+    inside the caller's CPU window); returns wall seconds."""
     channel = grpc.aio.insecure_channel(
         address, options=[("grpc.max_send_message_length", 64 << 20)]
     )
     export = channel.unary_unary(EXPORT)
     counter = iter(range(n))
+    md = metadata or [None] * len(payloads)
 
     async def worker() -> None:
         for i in counter:
-            await export(payloads[i % len(payloads)], timeout=60)
+            j = i % len(payloads)
+            await export(payloads[j], metadata=md[j], timeout=60)
 
-    for p in payloads[:2]:  # warm up
-        await export(p, timeout=60)
+    for p, m in zip(payloads[:warm], md, strict=False):  # warm up
+        await export(p, metadata=m, timeout=60)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
@@ -261,21 +248,25 @@ async def drive(address: str, payloads: list[bytes], n: int, concurrency: int) -
     return wall
 
 
-def measure(name: str, pid: int, address: str, payloads, n: int, conc: int, pre=None) -> dict:
-    async def go() -> tuple[float, float, float]:
-        keep = await pre(address) if pre is not None else None
-        await drive(address, payloads, 4, conc)  # warm-up through the full path
-        c0 = cpu_seconds(pid)
-        wall = await drive(address, payloads, n, conc)
-        c1 = cpu_seconds(pid)
-        if keep is not None:
-            keep[1][1].put_nowait(None)
-            await keep[0].close()
-        return wall, c0, c1
+def measure_load(name: str, pid: int, spans: int, load, *, pre=None, warm=None, post=None):
+    """Spans per CPU-second of process ``pid`` over one timed phase: ``await pre()`` and
+    ``await warm(kept)`` (not timed; ``kept`` is what ``pre`` returned), ``await load(kept)``
+    (timed: it returns its wall seconds; the process CPU clock is read around it), then
+    ``await post(kept)``."""
 
-    wall, c0, c1 = asyncio.run(go())
-    spans = n * STEPS_PER_REQUEST * 4
-    cpu = c1 - c0
+    async def go() -> tuple[float, float]:
+        kept = await pre() if pre is not None else None
+        try:
+            if warm is not None:
+                await warm(kept)
+            c0 = cpu_seconds(pid)
+            wall = await load(kept)
+            return wall, cpu_seconds(pid) - c0
+        finally:
+            if post is not None:
+                await post(kept)
+
+    wall, cpu = asyncio.run(go())
     return {
         "receiver": name,
         "spans": spans,
@@ -286,22 +277,68 @@ def measure(name: str, pid: int, address: str, payloads, n: int, conc: int, pre=
     }
 
 
+def measure(name: str, pid: int, address: str, payloads, n: int, conc: int, pre=None) -> dict:
+    """The simple load: ``n`` of ``payloads`` with ``conc`` in flight, after ``pre(address)``
+    (e.g. :func:`_register_runs`) and a warm-up of 4 requests through the full path."""
+
+    async def close(kept) -> None:
+        if kept is not None:
+            kept[1][1].put_nowait(None)
+            await kept[0].close()
+
+    return measure_load(
+        name,
+        pid,
+        n * STEPS_PER_REQUEST * 4,
+        lambda kept: drive(address, payloads, n, conc),
+        pre=(lambda: pre(address)) if pre is not None else None,
+        warm=lambda kept: drive(address, payloads, 4, conc),
+        post=close,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--load", choices=["fleet", "simple"], default="fleet")
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=5, help="trials (fleet); medians over them")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--no-rotel", action="store_true")
-    parser.add_argument("--numbered", action="store_true", help="guard.seq on the spans")
+    parser.add_argument("--pure-python", action="store_true", help="also OTEL_GUARD_PURE_PYTHON=1")
+    parser.add_argument("--rotel-gzip", action="store_true", help="rotel forwards gzipped")
+    parser.add_argument(
+        "--old-agents", action="store_true", help="fleet: agents as the SDK before batches"
+    )
+    parser.add_argument("--numbered", action="store_true", help="guard.seq on the spans (simple)")
     parser.add_argument("--metrics", action="store_true", help="also a guard with metrics on")
-    parser.add_argument("--role", choices=["floor"], help=argparse.SUPPRESS)
+    parser.add_argument("--profile", help="fleet: cProfile the guard into this file (pstats)")
+    parser.add_argument("--role", choices=["floor", "capture"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=10, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "floor":
-        asyncio.run(_floor(args.port))
+        asyncio.run(floor_main(args.port))
         return
+    if args.role == "capture":
+        from _fleet import capture_main
 
+        capture_main(args.address, args.out, args.steps)
+        return
+    if args.load == "fleet":
+        from _fleet_bench import fleet
+
+        print(json.dumps(fleet(args), indent=2))
+        return
+    print(json.dumps(simple(args), indent=2))
+
+
+def simple(args) -> dict:
+    """The load of the earlier issues (``--load simple``): one tenant, no auth, 256 runs
+    registered once over one control stream, synthetic spans; figures comparable with
+    theirs."""
     payloads = build_requests(args.numbered)
-    py = sys.executable
     results = []
     procs: list[subprocess.Popen] = []
     try:
@@ -328,19 +365,24 @@ def main() -> None:
                 )
                 guard.terminate()
                 guard.wait(20)
-        # floor
-        fport = free_port()
-        floor = subprocess.Popen([py, __file__, "--role", "floor", "--port", str(fport)])
-        procs.append(floor)
-        wait_port(fport, floor)
+        floor, fport = start_floor(procs)
         results.append(
             measure(
                 "floor", floor.pid, f"127.0.0.1:{fport}", payloads, args.requests, args.concurrency
             )
         )
-        # rotel -> floor
         if not args.no_rotel:
-            results.append(_rotel(payloads, args, fport, procs))
+            rotel = start_rotel(procs, f"http://127.0.0.1:{fport}", gzip=True)
+            if isinstance(rotel, dict):
+                results.append(rotel)
+            else:
+                proc, port = rotel
+                results.append(
+                    measure(
+                        "rotel", proc.pid, f"127.0.0.1:{port}", payloads, args.requests,
+                        args.concurrency,
+                    )
+                )  # fmt: skip
     finally:
         for p in procs:
             if p.poll() is None:
@@ -349,6 +391,7 @@ def main() -> None:
     g, f = by["guard"]["spans_per_s_per_core"], by["floor"]["spans_per_s_per_core"]
     out = {
         "benchmark": "ingest",
+        "load": "simple",
         "numbered": args.numbered,
         "cores": os.cpu_count(),
         "request_spans": STEPS_PER_REQUEST * 4,
@@ -361,45 +404,7 @@ def main() -> None:
         out["metrics_vs_plain"] = round(by["guard_metrics"]["spans_per_s_per_core"] / g, 3)
     if "rotel" in by and by["rotel"].get("spans_per_s_per_core"):
         out["guard_vs_rotel"] = round(g / by["rotel"]["spans_per_s_per_core"], 3)
-    print(json.dumps(out, indent=2))
-
-
-def _rotel(payloads, args, floor_port: int, procs: list) -> dict:
-    try:
-        import rotel
-    except ImportError:
-        return {"receiver": "rotel", "error": "rotel not installed"}
-    binary = Path(rotel.__file__).resolve().parent / "rotel-agent"
-    port, http = free_port(), free_port()
-    pidfile = Path(tempfile.gettempdir()) / f"rotel-bench-{os.getpid()}.pid"
-    proc = subprocess.Popen(
-        [
-            str(binary),
-            "start",
-            "--otlp-grpc-endpoint",
-            f"127.0.0.1:{port}",
-            "--otlp-http-endpoint",
-            f"127.0.0.1:{http}",
-            "--exporter",
-            "otlp",
-            "--otlp-exporter-endpoint",
-            f"http://127.0.0.1:{floor_port}",
-            "--otlp-exporter-protocol",
-            "grpc",
-            "--pid-file",
-            str(pidfile),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    procs.append(proc)
-    try:
-        wait_port(port, proc)
-    except RuntimeError as exc:
-        return {"receiver": "rotel", "error": str(exc)}
-    return measure(
-        "rotel", proc.pid, f"127.0.0.1:{port}", payloads, args.requests, args.concurrency
-    )
+    return out
 
 
 if __name__ == "__main__":

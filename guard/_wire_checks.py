@@ -19,7 +19,16 @@ from guard.errors import InputTooLarge, InvalidInput
 from guard.v1 import guard_pb2 as pb
 from guard.wire import limits_from_pb, usage_from_pb  # defined before guard.wire imports this
 
-__all__ = ["check_allowance_request", "check_heartbeat", "check_hello", "check_run_started"]
+__all__ = [
+    "MAX_BATCH_MESSAGES",
+    "check_allowance_request",
+    "check_batch",
+    "check_heartbeat",
+    "check_hello",
+    "check_run_started",
+]
+
+MAX_BATCH_MESSAGES = 1024  # messages in one AgentBatch / GuardBatch (the proto says so)
 
 
 def _check_trace_hex(name: str, value: str) -> None:
@@ -77,3 +86,15 @@ def check_allowance_request(req: pb.AllowanceRequest) -> None:
     check_count("allowance_request.tokens", req.tokens)
     if req.HasField("usage"):
         usage_from_pb(req.usage)
+
+
+def check_batch(batch: pb.AgentBatch) -> None:
+    """Validate an ``AgentBatch`` as a whole (its size, and no Hello or batch inside); each
+    message in it is then checked at its turn, as if it had come on its own."""
+    n = len(batch.messages)
+    if n > MAX_BATCH_MESSAGES:
+        raise InputTooLarge(f"batch has {n} messages (max {MAX_BATCH_MESSAGES})")
+    for msg in batch.messages:
+        body = msg.WhichOneof("body")
+        if body in ("hello", "batch") or body is None:
+            raise InvalidInput(f"a batch may not hold {body or 'an empty message'}")

@@ -22,6 +22,7 @@ __all__ = [
     "cancel_response_to_pb",
     "directive_to_pb",
     "envelope_to_pb",
+    "guard_batch_to_pb",
     "list_runs_response_to_pb",
     "record_ack_to_pb",
     "run_status_from_hex",
@@ -41,15 +42,24 @@ def envelope_to_pb(command_id: int, sent_at_unix: float) -> pb.GuardMessage:
     return pb.GuardMessage(command_id=command_id, sent_at_unix=sent_at_unix)
 
 
-def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version: str) -> Any:
-    from guard.wire import limits_to_pb
+_ADMIT_LIMITS: dict[Any, pb.Limits] = {}  # effective Limits -> its message (most runs share one)
+_ADMIT_LIMITS_MAX = 256
 
-    return pb.Admit(
-        run_id=run_id,
-        request_id=request_id,
-        effective=limits_to_pb(effective),
-        price_book_version=price_book_version,
-    )
+
+def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version: str) -> Any:
+    """An Admit with the run's effective limits. Their message is built once per distinct
+    (frozen) ``Limits`` value and copied into each Admit: every admission pays for it else."""
+    msg = pb.Admit(run_id=run_id, request_id=request_id, price_book_version=price_book_version)
+    limits = _ADMIT_LIMITS.get(effective)
+    if limits is None:
+        from guard.wire import limits_to_pb
+
+        limits = limits_to_pb(effective)
+        if len(_ADMIT_LIMITS) >= _ADMIT_LIMITS_MAX:
+            _ADMIT_LIMITS.clear()  # many distinct limits (requested per run): start over
+        _ADMIT_LIMITS[effective] = limits
+    msg.effective.CopyFrom(limits)
+    return msg
 
 
 def directive_to_pb(
@@ -95,15 +105,22 @@ def record_ack_to_pb(run_id: str) -> pb.RecordAck:
     return pb.RecordAck(run_id=run_id)
 
 
+def guard_batch_to_pb(messages: list[pb.GuardMessage]) -> pb.GuardMessage:
+    """Several GuardMessages, in order, as one stream message (``accepts_batches`` agents)."""
+    return pb.GuardMessage(batch=pb.GuardBatch(messages=messages))
+
+
 def welcome_to_pb(
     guard_id: str, session_id: str, heartbeat_interval_ms: int, agent_grace_s: int, policy: Any
 ) -> pb.Welcome:
+    """The guard's answer to a Hello; it always reads ``AgentMessage.batch``."""
     return pb.Welcome(
         guard_id=guard_id,
         session_id=session_id,
         heartbeat_interval_ms=heartbeat_interval_ms,
         agent_grace_s=agent_grace_s,
         policy=policy,
+        accepts_batches=True,
     )
 
 

@@ -14,7 +14,9 @@ the control stream as a whole, before any of them is applied.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
 from typing import TYPE_CHECKING, Any
 
 from guard.bounds import (
@@ -47,15 +49,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_MESSAGES",
     "admit_to_pb",
     "allowance_to_pb",
     "cancel_response_to_pb",
     "check_allowance_request",
+    "check_batch",
     "check_heartbeat",
     "check_hello",
     "check_run_started",
     "directive_to_pb",
     "envelope_to_pb",
+    "guard_batch_to_pb",
     "limits_from_pb",
     "limits_to_pb",
     "list_runs_response_to_pb",
@@ -70,6 +76,7 @@ __all__ = [
     "run_status_to_hex",
     "run_status_to_pb",
     "stats_response_to_pb",
+    "take_batch",
     "tenant_budget_to_pb",
     "tenant_budgets_response_to_pb",
     "usage_from_pb",
@@ -176,16 +183,22 @@ def usage_to_pb(usage: Usage | None) -> pb.Usage:
     return msg
 
 
+_usage_counters = operator.attrgetter(*USAGE_COUNTERS)
+# Usage(*counters) below relies on this order (one RunEnded / allowance request each)
+assert tuple(f.name for f in dataclasses.fields(Usage))[: len(USAGE_COUNTERS)] == USAGE_COUNTERS
+
+
 def usage_from_pb(msg: pb.Usage | None) -> Usage:
     """``guard.v1.Usage`` -> policy :class:`Usage`. Rejects NaN, infinite or negative cost,
     counters above :data:`~guard.bounds.MAX_COUNTER` and a cost above
     :data:`~guard.bounds.MAX_COST_USD_PER_RECORD`."""
     if msg is None:
         return Usage()
-    usage = Usage(**{name: int(getattr(msg, name)) for name in USAGE_COUNTERS})
-    for name in USAGE_COUNTERS:
-        if getattr(usage, name) > MAX_COUNTER:
-            check_count(f"usage.{name}", getattr(usage, name))
+    counters = _usage_counters(msg)  # uint64 fields: ints >= 0
+    if max(counters) > MAX_COUNTER:
+        for name, value in zip(USAGE_COUNTERS, counters, strict=True):
+            check_count(f"usage.{name}", value)
+    usage = Usage(*counters)
     if msg.HasField("cost_usd"):
         cost = _finite("usage.cost_usd", msg.cost_usd)
         if cost < 0:
@@ -355,8 +368,11 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
 
 # The control stream's validation, the guard's commands and its admin answers: kept in their
 # own modules, part of this one (the checks use limits_from_pb / usage_from_pb above).
+from guard._wire_batch import MAX_BATCH_BYTES, take_batch  # noqa: E402
 from guard._wire_checks import (  # noqa: E402
+    MAX_BATCH_MESSAGES,
     check_allowance_request,
+    check_batch,
     check_heartbeat,
     check_hello,
     check_run_started,
@@ -367,6 +383,7 @@ from guard._wire_commands import (  # noqa: E402
     cancel_response_to_pb,
     directive_to_pb,
     envelope_to_pb,
+    guard_batch_to_pb,
     list_runs_response_to_pb,
     record_ack_to_pb,
     run_status_from_hex,

@@ -11,7 +11,9 @@ backoff applies per full cycle over them; the Hello re-registers the live runs w
 counters on whichever guard the stream reaches. Every RunEnded is kept until the guard's
 RecordAck and sent again after each reconnect (``_records.PendingRecords``); shutdown waits,
 bounded by ``Settings.shutdown_ack_timeout_s``, for the acknowledgements. Nothing here raises
-into user code.
+into user code. The Hello says the client reads ``GuardBatch`` (``accepts_batches``; then it
+does not ack an Admit, which nothing waits for); to a guard whose Welcome says the same, what
+is queued at once goes out as one ``AgentBatch`` (grpc.aio costs per stream message).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from guard.sdk._records import PendingRecords
 from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc as pb_grpc
-from guard.wire import limits_to_pb, outcome_to_pb, usage_to_pb
+from guard.wire import limits_to_pb, outcome_to_pb, take_batch, usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -55,6 +57,10 @@ _CONNECT_TIMEOUT_S = 1.0  # a guard that accepts TCP but never answers does not 
 _HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
+def _is_half_close(item: Any) -> bool:
+    return item is _HALF_CLOSE
+
+
 class ControlClient:
     """One stream per process, multiplexing all of its runs. Thread-safe public methods."""
 
@@ -67,6 +73,7 @@ class ControlClient:
         self.first_attempt_done = threading.Event()
         self.counters = collections.Counter[str]()
         self.guard_id = ""
+        self.guard_batches = False  # the guard's Welcome said it reads AgentMessage.batch
         self._runs: dict[str, Run] = {}
         self._admissions: dict[int, tuple[concurrent.futures.Future[Any], str]] = {}
         self._request_ids = itertools.count(1)
@@ -309,6 +316,7 @@ class ControlClient:
             self._call = call
             q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
             self._queue = q  # from here on new messages queue for this stream
+            self.guard_batches = False  # until this guard's Welcome says otherwise
             await wait_connected(channel, _CONNECT_TIMEOUT_S)
             with self._lock:
                 live = list(self._runs.values())
@@ -326,6 +334,7 @@ class ControlClient:
                     for r, snap in zip(live, snaps, strict=True)
                 ],
                 ended_runs=self.unacked.acked_recently(),
+                accepts_batches=True,
             )
             await call.write(pb.AgentMessage(hello=hello))
             for m in self.unacked.all():  # every record the guard has not acknowledged
@@ -351,14 +360,29 @@ class ControlClient:
         return established
 
     async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
+        """Write what is queued, in order: to a guard that reads batches, whatever is ready
+        at once goes as one AgentBatch (one grpc message instead of one per message)."""
+        carry: Any = None
         while True:
-            msg = await q.get()
-            if msg is _HALF_CLOSE:
+            first = carry if carry is not None else await q.get()
+            if self.guard_batches:
+                batch, carry = take_batch(q, first, _is_half_close)
+            else:
+                batch, carry = [first], None
+            closing = batch[-1] is _HALF_CLOSE
+            if closing:
+                batch.pop()
+            # a RunEnded lost here is resent after the reconnect
+            if len(batch) > 1:
+                self.counters["batches_out"] += 1
+                await call.write(pb.AgentMessage(batch=pb.AgentBatch(messages=batch)))
+            elif batch:
+                await call.write(batch[0])
+            if closing:
                 # Shutdown: everything queued before it is written (each write awaited).
                 # Half-close; the guard ends the stream once it has read every message.
                 await call.done_writing()
                 return
-            await call.write(msg)  # a RunEnded lost here is resent after the reconnect
 
     async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
         while True:

@@ -19,12 +19,20 @@ log = logging.getLogger("guard.sdk.control")
 
 
 def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
-    """One guard message, on the control thread: Welcome, Policy, RecordAck, Allowance, and
-    the per-run Admit / Deny / Cancel / Warn / WrapUp (each of those acked)."""
+    """One guard message, on the control thread: Welcome, Policy, RecordAck, Allowance, the
+    per-run Admit and the Deny / Cancel / Warn / WrapUp directives (each of those acked), or
+    a batch of them (each handled in order)."""
     kind = msg.WhichOneof("body")
+    if kind == "batch":
+        client.counters["batches_in"] += 1
+        for inner in msg.batch.messages:
+            if inner.WhichOneof("body") != "batch":  # never nested (the proto says so)
+                handle(client, inner)
+        return
     client.counters[kind or "unknown"] += 1
     if kind == "welcome":
         w = msg.welcome
+        client.guard_batches = w.accepts_batches
         client.guard_id = w.guard_id
         if w.heartbeat_interval_ms:
             client.heartbeat_s = w.heartbeat_interval_ms / 1000.0
@@ -56,7 +64,8 @@ def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
             if msg.admit.price_book_version:
                 run.price_book_version = msg.admit.price_book_version
         client._resolve(msg.admit.request_id, "admit")
-    elif kind in ("deny", "cancel"):
+        return  # not acked: the Hello said so (accepts_batches), nothing waits for that ack
+    if kind in ("deny", "cancel"):
         d = getattr(msg, kind)
         reason = _reason(d.reason)
         by = DecidedBy.OPERATOR if reason is Reason.OPERATOR_CANCEL else DecidedBy.GUARD

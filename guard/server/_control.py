@@ -9,6 +9,14 @@ Every message is validated whole against :mod:`guard.bounds` before any of it is
 (``guard.wire.check_*``), and a Hello re-registering many live runs is applied in slices of
 :data:`HELLO_SLICE` runs that yield to the event loop between them, so one agent's reconnect
 cannot hold the loop (and every other tenant's decisions) for long.
+
+Batches (``AgentBatch`` / ``GuardBatch``) cut the grpc.aio cost per run, which is per stream
+message: every message is read from an agent's batch and applied in order, exactly as if it
+had come alone (a batch that holds a Hello or another batch, or more than
+``MAX_BATCH_MESSAGES``, ends the stream before any of it applies); whatever the registry
+queued for the session by the time the writer runs goes out as one GuardBatch (bounded:
+``guard.wire.take_batch``), to an agent
+whose Hello set ``accepts_batches`` (any other gets one GuardMessage per write, as before).
 """
 
 from __future__ import annotations
@@ -27,11 +35,14 @@ from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 from guard.wire import (
     check_allowance_request,
+    check_batch,
     check_heartbeat,
     check_hello,
     check_run_started,
+    guard_batch_to_pb,
     outcome_from_pb,
     policy_to_pb,
+    take_batch,
     welcome_to_pb,
 )
 
@@ -55,7 +66,10 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
         session = AgentSession(uuid.uuid4().hex, principal.tenant, registry.log)
         app.attach_session(session)
 
+        batches = False  # the agent's Hello said it reads GuardMessage.batch
+
         async def read() -> None:
+            nonlocal batches
             try:
                 first = True
                 async for msg in request_iterator:
@@ -64,27 +78,14 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         if body != "hello":
                             raise InvalidInput(f"first message must be hello, got {body}")
                         first = False
+                        batches = msg.hello.accepts_batches
                         await self._hello(session, msg.hello, principal)
-                    elif body == "run_started":
-                        check_run_started(msg.run_started)
-                        registry.register(session, msg.run_started, principal)
-                    elif body == "ack":
-                        registry.ack(session, msg.ack)
-                    elif body == "heartbeat":
-                        check_heartbeat(msg.heartbeat)
-                        registry.heartbeat(session, msg.heartbeat)
-                    elif body == "run_ended":
-                        registry.ended_by_agent(
-                            session, outcome_from_pb(msg.run_ended.outcome), principal
-                        )
-                    elif body == "allowance_request":
-                        check_allowance_request(msg.allowance_request)
-                        registry.budgets.request(session, msg.allowance_request, principal)
-                    elif body == "hello":
-                        raise InvalidInput("hello sent twice on one stream")
+                    elif body == "batch":
+                        check_batch(msg.batch)  # then each message at its turn, as if alone
+                        for inner in msg.batch.messages:
+                            await self._apply(session, inner, inner.WhichOneof("body"), principal)
                     else:
-                        raise InvalidInput("empty AgentMessage")
-                    await registry.budgets.sync()  # see _parts: settle with shared budgets
+                        await self._apply(session, msg, body, principal)
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:
@@ -95,21 +96,24 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
 
         reader = asyncio.ensure_future(read())
         try:
-            queue = session.queue
+            queue, carry = session.queue, None
             while True:
-                item = await queue.get()
-                if AgentSession.is_close(item):
-                    break
-                await context.write(item)
-                # drain whatever else is ready without yielding per message
-                while not queue.empty():
-                    item = queue.get_nowait()
-                    if AgentSession.is_close(item):
-                        break
-                    await context.write(item)
+                item = carry if carry is not None else await queue.get()
+                # whatever else is ready goes in the same write (one GuardBatch for an agent
+                # that reads them: one grpc message instead of one per command)
+                if batches:
+                    items, carry = take_batch(queue, item, AgentSession.is_close)
                 else:
-                    continue
-                break
+                    items, carry = [item], None
+                closing = AgentSession.is_close(items[-1])
+                if closing:
+                    items.pop()
+                if len(items) > 1:
+                    await context.write(guard_batch_to_pb(items))
+                elif items:
+                    await context.write(items[0])
+                if closing:
+                    break
             if session.error is not None:
                 await abort_for(context, session.error)
         finally:
@@ -118,6 +122,30 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                 await reader
             registry.detach(session)
             app.detach_session(session)
+
+    async def _apply(
+        self, session: AgentSession, msg: pb.AgentMessage, body: str | None, principal: Any
+    ) -> None:
+        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied."""
+        registry = self.app.registry
+        if body == "run_started":
+            check_run_started(msg.run_started)
+            registry.register(session, msg.run_started, principal)
+        elif body == "ack":
+            registry.ack(session, msg.ack)
+        elif body == "heartbeat":
+            check_heartbeat(msg.heartbeat)
+            registry.heartbeat(session, msg.heartbeat)
+        elif body == "run_ended":
+            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
+        elif body == "allowance_request":
+            check_allowance_request(msg.allowance_request)
+            registry.budgets.request(session, msg.allowance_request, principal)
+        elif body == "hello":
+            raise InvalidInput("hello sent twice on one stream")
+        else:
+            raise InvalidInput("empty AgentMessage")
+        await registry.budgets.sync()  # see _parts: settle with shared budgets
 
     async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
         """The first message: checked whole, then welcomed, then its live runs registered in

@@ -109,7 +109,7 @@ class Outcome(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., last_tool: _Optional[str] = ..., last_action_hash: _Optional[str] = ..., loop_hits: _Optional[int] = ..., partial_result: _Optional[bool] = ..., recoverable: _Optional[bool] = ..., decided_by: _Optional[str] = ..., price_book_version: _Optional[str] = ..., started_at_unix: _Optional[float] = ..., ended_at_unix: _Optional[float] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("process_id", "host", "pid", "tenant", "sdk_version", "live_runs", "ended_runs")
+    __slots__ = ("process_id", "host", "pid", "tenant", "sdk_version", "live_runs", "ended_runs", "accepts_batches")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class Hello(_message.Message):
     SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
     ENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     host: str
     pid: int
@@ -124,7 +125,8 @@ class Hello(_message.Message):
     sdk_version: str
     live_runs: _containers.RepeatedCompositeFieldContainer[RunStarted]
     ended_runs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ..., ended_runs: _Optional[_Iterable[str]] = ...) -> None: ...
+    accepts_batches: bool
+    def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ..., ended_runs: _Optional[_Iterable[str]] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
 
 class RunStarted(_message.Message):
     __slots__ = ("run_id", "trace_id", "parent_run_id", "tenant", "agent", "requested", "started_at_unix", "usage", "request_id", "span_seq")
@@ -197,34 +199,44 @@ class Ack(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., run_id: _Optional[str] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "run_started", "heartbeat", "run_ended", "ack", "allowance_request")
+    __slots__ = ("hello", "run_started", "heartbeat", "run_ended", "ack", "allowance_request", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RUN_STARTED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     ALLOWANCE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     run_started: RunStarted
     heartbeat: Heartbeat
     run_ended: RunEnded
     ack: Ack
     allowance_request: AllowanceRequest
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., allowance_request: _Optional[_Union[AllowanceRequest, _Mapping]] = ...) -> None: ...
+    batch: AgentBatch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., run_started: _Optional[_Union[RunStarted, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., allowance_request: _Optional[_Union[AllowanceRequest, _Mapping]] = ..., batch: _Optional[_Union[AgentBatch, _Mapping]] = ...) -> None: ...
+
+class AgentBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[AgentMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[AgentMessage, _Mapping]]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("guard_id", "session_id", "heartbeat_interval_ms", "agent_grace_s", "policy")
+    __slots__ = ("guard_id", "session_id", "heartbeat_interval_ms", "agent_grace_s", "policy", "accepts_batches")
     GUARD_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     AGENT_GRACE_S_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
     guard_id: str
     session_id: str
     heartbeat_interval_ms: int
     agent_grace_s: int
     policy: Policy
-    def __init__(self, guard_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., agent_grace_s: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ...) -> None: ...
+    accepts_batches: bool
+    def __init__(self, guard_id: _Optional[str] = ..., session_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., agent_grace_s: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
 
 class Admit(_message.Message):
     __slots__ = ("run_id", "request_id", "effective", "price_book_version")
@@ -314,7 +326,7 @@ class Allowance(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., request_id: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., max_tokens: _Optional[int] = ..., ttl_s: _Optional[float] = ..., exhausted: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class GuardMessage(_message.Message):
-    __slots__ = ("command_id", "sent_at_unix", "welcome", "admit", "deny", "warn", "wrap_up", "cancel", "policy", "record_ack", "allowance")
+    __slots__ = ("command_id", "sent_at_unix", "welcome", "admit", "deny", "warn", "wrap_up", "cancel", "policy", "record_ack", "allowance", "batch")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +338,7 @@ class GuardMessage(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     RECORD_ACK_FIELD_NUMBER: _ClassVar[int]
     ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     sent_at_unix: float
     welcome: Welcome
@@ -337,7 +350,14 @@ class GuardMessage(_message.Message):
     policy: Policy
     record_ack: RecordAck
     allowance: Allowance
-    def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., record_ack: _Optional[_Union[RecordAck, _Mapping]] = ..., allowance: _Optional[_Union[Allowance, _Mapping]] = ...) -> None: ...
+    batch: GuardBatch
+    def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., record_ack: _Optional[_Union[RecordAck, _Mapping]] = ..., allowance: _Optional[_Union[Allowance, _Mapping]] = ..., batch: _Optional[_Union[GuardBatch, _Mapping]] = ...) -> None: ...
+
+class GuardBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[GuardMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[GuardMessage, _Mapping]]] = ...) -> None: ...
 
 class Selector(_message.Message):
     __slots__ = ("run_id", "tenant", "agent", "all")

@@ -31,11 +31,16 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         heartbeat_interval_ms: int = 100,
         ack_records: bool = True,
         port: int = 0,
+        accepts_batches: bool = False,
     ):
         """``read_delay_s``: a slow guard, pausing before it reads each message after Hello.
         ``ack_records``: answer each RunEnded with a RecordAck, as the real guard does.
-        ``port``: a fixed port (a guard restarted where the agents look for it)."""
+        ``port``: a fixed port (a guard restarted where the agents look for it).
+        ``accepts_batches``: the Welcome says so; each AgentBatch is recorded in ``batches``
+        and its messages handled one by one (``received`` holds them, not the batch)."""
         self.ack_records = ack_records
+        self.accepts_batches = accepts_batches
+        self.batches: list[pb.AgentBatch] = []
         self.decide = decide or (
             lambda rs: pb.GuardMessage(
                 admit=pb.Admit(run_id=rs.run_id, request_id=rs.request_id, effective=rs.requested)
@@ -95,35 +100,10 @@ class FakeGuard(pb_grpc.GuardControlServicer):
 
         def reader() -> None:
             try:
-                for msg in request_iterator:
-                    if self.read_delay_s and msg.WhichOneof("body") != "hello":
+                for frame in request_iterator:
+                    if self.read_delay_s and frame.WhichOneof("body") != "hello":
                         time.sleep(self.read_delay_s)  # behind: the agent's writes queue up
-                    with self.cond:
-                        self.received.append(msg)
-                        self.cond.notify_all()
-                    kind = msg.WhichOneof("body")
-                    if kind == "hello":
-                        out.put(
-                            pb.GuardMessage(
-                                command_id=next(self._ids),
-                                welcome=pb.Welcome(
-                                    guard_id="fake",
-                                    heartbeat_interval_ms=self.heartbeat_interval_ms,
-                                ),
-                            )
-                        )
-                    elif kind == "run_started":
-                        reply = self.decide(msg.run_started)
-                        if reply is not None:
-                            reply.command_id = next(self._ids)
-                            out.put(reply)
-                    elif kind == "run_ended" and self.ack_records:
-                        rid = msg.run_ended.outcome.run_id
-                        out.put(
-                            pb.GuardMessage(
-                                command_id=next(self._ids), record_ack=pb.RecordAck(run_id=rid)
-                            )
-                        )
+                    self._handle(frame, out)
                 end = "agent"
             except grpc.RpcError:
                 end = "error"
@@ -138,6 +118,40 @@ class FakeGuard(pb_grpc.GuardControlServicer):
             if item is None or not context.is_active():
                 return
             yield item
+
+    def _handle(self, frame: pb.AgentMessage, out: queue.Queue[Any]) -> None:
+        if frame.WhichOneof("body") == "batch":
+            with self.cond:
+                self.batches.append(frame.batch)
+            messages = list(frame.batch.messages)
+        else:
+            messages = [frame]
+        for msg in messages:
+            with self.cond:
+                self.received.append(msg)
+                self.cond.notify_all()
+            kind = msg.WhichOneof("body")
+            if kind == "hello":
+                out.put(
+                    pb.GuardMessage(
+                        command_id=next(self._ids),
+                        welcome=pb.Welcome(
+                            guard_id="fake",
+                            heartbeat_interval_ms=self.heartbeat_interval_ms,
+                            accepts_batches=self.accepts_batches,
+                        ),
+                    )
+                )
+            elif kind == "run_started":
+                reply = self.decide(msg.run_started)
+                if reply is not None:
+                    reply.command_id = next(self._ids)
+                    out.put(reply)
+            elif kind == "run_ended" and self.ack_records:
+                rid = msg.run_ended.outcome.run_id
+                out.put(
+                    pb.GuardMessage(command_id=next(self._ids), record_ack=pb.RecordAck(run_id=rid))
+                )
 
 
 class _Traces(trace_service_pb2_grpc.TraceServiceServicer):

@@ -68,7 +68,8 @@ def test_admit_tightens_limits_and_run_ended_is_reported(fake: FakeGuard) -> Non
     rs = fake.of("run_started")[0]
     assert rs.requested.max_steps == 10 and rs.agent == "bot" and len(rs.trace_id) == 32
     assert fake.metadata[0]["authorization"] == "Bearer tenant-token"
-    assert any(a.applied for a in fake.of("ack"))
+    # the Hello says the agent takes batches and does not ack an Admit (nothing waits on it)
+    assert first.hello.accepts_batches and not fake.of("ack")
 
 
 def test_deny_raises_before_the_first_step(fake: FakeGuard) -> None:
