@@ -156,3 +156,53 @@ def test_a_new_run_gets_at_least_one_typical_call_when_there_is_room():
     assert led.grant("r1", 0.0).max_cost_usd == pytest.approx(0.001)
     led.grant("r1", 0.0, need_cost_usd=0.02)  # what a call of this tenant needs
     assert led.grant("r2", 0.0).max_cost_usd == pytest.approx(0.02)
+
+
+class _ScanningLedger(TenantAllowances):
+    """The reference expiry: scan every entry for tails whose time is up (the code before
+    the tails were kept in a heap)."""
+
+    def _expire_locked(self, now: float) -> None:
+        gone = [
+            rid
+            for rid, e in self._entries.items()
+            if e.expires_at is not None and e.expires_at <= now
+        ]
+        for rid in gone:
+            self._drop_locked(rid)
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["grant", "observe", "release", "release_final", "expire"]),
+        st.integers(0, 5),  # run
+        st.floats(0, 20),  # now: not always increasing (callers' clocks may differ)
+        st.floats(0, 0.3),  # an amount
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops)
+def test_tails_expire_exactly_as_a_scan_of_every_entry(ops):
+    """The heap of tails gives back what the scan gave back, at the same calls, whatever the
+    order of release times and clocks."""
+    tb1 = TenantBudget("acme", TenantLimits(rolling=(RollingLimit("cost_usd", LIMIT, 3600.0),)))
+    tb2 = TenantBudget("acme", TenantLimits(rolling=(RollingLimit("cost_usd", LIMIT, 3600.0),)))
+    fast, ref = TenantAllowances(tb1, tail_s=5.0), _ScanningLedger(tb2, tail_s=5.0)
+    for op, run, now, amount in ops:
+        rid = f"r{run}"
+        for led in (fast, ref):
+            if op == "grant":
+                led.grant(rid, now, need_cost_usd=amount)
+            elif op == "observe":
+                led.observe(rid, amount, 0.0)
+            elif op == "release":
+                led.release(rid, now)
+            elif op == "release_final":
+                led.release(rid, now, final=(amount * 2, 0.0))
+            else:
+                led.expire(now)
+        assert fast.outstanding() == pytest.approx(ref.outstanding(), abs=1e-9)
+        assert sorted(fast._entries) == sorted(ref._entries)
