@@ -79,8 +79,8 @@ class Reporters:
     """The application's TracerProvider with the instrumentations on it (their spans also kept
     in memory, as written), and a real guard the SDK exports to."""
 
-    def __init__(self, names: tuple[str, ...], order: str) -> None:
-        self.names, self.order = names, order
+    def __init__(self, names: tuple[str, ...], order: str, pipeline: bool = False) -> None:
+        self.names, self.order, self.pipeline = names, order, pipeline
         self.provider = TracerProvider()
         self.spans = InMemorySpanExporter()
         self.provider.add_span_processor(SimpleSpanProcessor(self.spans))
@@ -91,7 +91,17 @@ class Reporters:
     def __enter__(self) -> Reporters:
         srv = self.server.__enter__()
         self.address = srv.address
-        guard.configure(endpoint=srv.address, tracer_provider=self.provider, admit_timeout_ms=3000)
+        if self.pipeline:  # the application's own pipeline carries every span to the guard
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            export = OTLPSpanExporter(endpoint=srv.address, insecure=True)
+            self.provider.add_span_processor(SimpleSpanProcessor(export))
+        guard.configure(
+            endpoint=srv.address,
+            tracer_provider=self.provider,
+            admit_timeout_ms=3000,
+            span_export="none" if self.pipeline else "direct",
+        )
         if self.order == "guard_first":
             guard.instrument("openai")
         for name in self.names:
@@ -210,7 +220,13 @@ def test_every_call_is_counted_once_with_its_exact_tokens(
     _matched(reporters, n, api, stream)
 
 
-@pytest.mark.parametrize(("api", "mode", "stream"), VARIANTS, ids=IDS)
+# The token budget on four of the variants: each API and each mode, plain and streaming.
+BUDGET = [0, 3, 5, 6]  # chat-sync, chat-async-stream, responses-sync-stream, responses-async
+
+
+@pytest.mark.parametrize(
+    ("api", "mode", "stream"), [VARIANTS[i] for i in BUDGET], ids=[IDS[i] for i in BUDGET]
+)
 def test_a_token_budget_stops_at_the_same_call_as_with_one_reporter(
     reporters: Reporters, llm: LLMServer, api: str, mode: str, stream: bool
 ) -> None:
@@ -226,3 +242,22 @@ def test_a_token_budget_stops_at_the_same_call_as_with_one_reporter(
     assert _tokens(out) == (4, 1200, 400, 160, 100)
     assert _tokens(reporters.record(out.run_id)) == (4, 1200, 400, 160, 100)
     _matched(reporters, 4, api, stream)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: with span_export='none' the application's pipeline delivers OpenInference's "
+    "raw LLM spans (tokens, no response id, parent the step span) and the guard counts each "
+    "call twice in its live view; the stored record (the agent's RunEnded) stays exact",
+)
+def test_counted_once_in_the_live_view_when_the_applications_pipeline_delivers_the_spans(
+    llm: LLMServer,
+) -> None:
+    llm.script = [tool("lookup", {"q": f"order {i}"}, **USAGE) for i in range(3)]
+    llm.script.append(text("done", **USAGE))
+    with Reporters(("openinference",), "guard_first", pipeline=True) as rep:
+        agent, seen = _agent(rep, llm, "chat", "sync", False)
+        agent()
+        out = seen["run"].outcome
+        assert _tokens(rep.record(out.run_id)) == (4, 1200, 400, 160, 100)  # exact
+        assert seen["live"] == {"model_calls": 4, "tokens": 1600}  # 8 and 3,200 today
