@@ -199,6 +199,14 @@ class _Guarded:
             raise AttributeError(name)
         return getattr(self._stream, name)
 
+    # A wrapper around the client's method that was installed before guard.instrument()
+    # (OpenLLMetry's) tells a stream from a response with isinstance(result, Stream): the
+    # wrapped stream's class is what that sees (as wrapt's proxies do), else it takes the
+    # stream for a response and fails on it inside the user's call.
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # type: ignore[override]
+        return self._stream.__class__
+
     def _record(self) -> None:
         if not self._call.done:
             self._call.finish(self._reader.usage, self._reader.response_id)

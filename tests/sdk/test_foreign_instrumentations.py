@@ -42,12 +42,16 @@ POLICY = {
 AGENT = Path(__file__).with_name("_foreign_agent.py")
 # one call: 100 prompt tokens (30 of them cached), 20 completion tokens (5 of them reasoning)
 USAGE = text("ok", input=100, output=20, cached=30, reasoning=5)
-# OpenLIT 1.45 requires openai < 3 while the frameworks' extras (openai-agents 0.24, Pydantic AI
-# 2.68) require openai >= 3, so the test environment cannot hold both: OpenLIT is checked where
-# it is installed (pip install openlit into an environment without those extras).
+# No OpenLIT release installs next to the dev extras, whose frameworks (openai-agents 0.24,
+# Pydantic AI 2.68) need openai >= 3: from the metadata of all 175 releases on PyPI (0.0.1 to
+# 1.45.0), 1.41.0-1.45.0 require openai>=1.92,<3 and 1.27.0-1.40.3 openai>=1.1.1,<2;
+# 0.0.1-1.26.0 name no openai but pin opentelemetry-instrumentation <0.49 (0.45b0-0.48b0),
+# where OpenLLMetry 0.62 needs >=0.59b0. OpenLIT is checked where it is installed (pip install
+# openlit into an environment without those extras).
 _NEEDS_OPENLIT = pytest.mark.skipif(
     importlib.util.find_spec("openlit") is None,
-    reason="openlit not installed (it requires openai<3; the dev extras need openai>=3)",
+    reason="openlit not installed: no release fits openai>=3 (1.41-1.45 need openai<3, "
+    "1.27-1.40.3 openai<2, 0.0.1-1.26 opentelemetry-instrumentation<0.49)",
 )
 REASONING = {"openllmetry": 5, "openinference": 5, "openlit": 0}  # OpenLIT does not report it
 
