@@ -342,11 +342,14 @@ class SpanApplier:
         reg = self.registry
         foreign = o[FOREIGN]
         resp = o[RESP_ID]
+        parent = o[PARENT_SPAN_ID]
+        counts = (o[IN], o[OUT])
         seen = run.seen_calls()
-        if seen.duplicate(o[SPAN_ID], o[PARENT_SPAN_ID], resp):
+        if seen.duplicate(o[SPAN_ID], parent, resp, counts, foreign):
             reg.stats["duplicate_model_calls"] += 1
             return True
-        seen.add(o[SPAN_ID], o[PARENT_SPAN_ID] if foreign else b"", resp)
+        seen.add(o[SPAN_ID], parent if foreign else b"", resp)
+        seen.sibling(parent, counts, foreign, resp or "")
         if foreign:
             reg.stats["foreign_model_calls"] += 1
         return False

@@ -49,23 +49,66 @@ class SeenCalls:
     """The last few counted model calls of a run, as plain ints and short strings.
 
     A model span is the *same call* as a counted one when it has the same response id, when
-    it is the parent of a counted span (a wrapper reporting the aggregate), or when it is the
-    child of a counted span (a library span inside our ``chat`` span).
+    it is the parent of a counted span (a wrapper reporting the aggregate), when it is the
+    child of a counted span (a library span inside our ``chat`` span), or when it is a
+    *report from the other side* of a recent counted call (ours vs another instrumentation's:
+    the same input and output tokens, no two different response ids; one under the same parent
+    span is preferred). The last rule is for spans that reach the guard without passing the
+    SDK's in-process matching (the application's own pipeline delivers them,
+    ``span_export="none"``): OpenInference's LLM span has no response id, and it sits next to
+    the SDK's model span under the step, or, when its wrapper runs outside the integration's,
+    under the step before. Each counted call absorbs at most one such report, so two real
+    calls with the same counts, each reported twice, still count twice. The cost: a call that
+    only another instrumentation reports, with exactly the counts of a recent call of ours
+    that nobody else reported, is taken for that call's report (the SDK's in-process matching
+    has the same rule).
     """
 
-    __slots__ = ("parents", "responses", "spans")
+    __slots__ = ("parents", "responses", "siblings", "spans")
 
     def __init__(self) -> None:
         self.spans: list[bytes] = []
         self.parents: list[bytes] = []
         self.responses: list[str] = []
+        # counted calls that can still absorb one report from the other side:
+        # (parent span id, input tokens, output tokens, foreign, response id)
+        self.siblings: list[tuple[bytes, int, int, bool, str]] = []
 
-    def duplicate(self, span_id: bytes, parent_span_id: bytes, response_id: str) -> bool:
+    def duplicate(
+        self,
+        span_id: bytes,
+        parent_span_id: bytes,
+        response_id: str,
+        counts: tuple[int, int] = (-1, -1),
+        foreign: bool = True,
+    ) -> bool:
+        """Whether this model span is a call already counted; a sibling it matches is used up."""
         if response_id and response_id in self.responses:
             return True
         if span_id and span_id in self.parents:
             return True
-        return bool(parent_span_id) and parent_span_id in self.spans
+        if parent_span_id and parent_span_id in self.spans:
+            return True
+        match = -1
+        for i, (parent, inp, out, side, resp) in enumerate(self.siblings):
+            if (
+                side is not foreign
+                and (inp, out) == counts
+                and not (resp and response_id and resp != response_id)
+            ):
+                match = i
+                if parent == parent_span_id:
+                    break  # the same parent: the best match
+        if match >= 0:
+            del self.siblings[match]
+            return True
+        return False
+
+    def sibling(self, parent_span_id: bytes, counts: tuple[int, int], foreign: bool, resp: str):
+        """Remember a counted call that a report from the other side may repeat."""
+        self.siblings.append((parent_span_id, counts[0], counts[1], foreign, resp))
+        if len(self.siblings) > _SEEN_CAP:
+            del self.siblings[0]
 
     def add(self, span_id: bytes, parent_span_id: bytes, response_id: str) -> None:
         for ring, value in (

@@ -99,6 +99,48 @@ async def test_foreign_spans_count_once(sink):
         await agent.close()
 
 
+async def test_a_sibling_report_of_another_instrumentation_counts_once(sink):
+    """Spans the application's own pipeline delivers (no in-process matching): OpenInference's
+    LLM span (no response id) next to our model span under the same step, or under the step
+    before (its wrapper ran first), is the same call, in either order; two real calls with the
+    same counts, each reported twice, still count twice; a report with other counts or
+    another response id is a call."""
+    from .conftest import span
+
+    async with GuardServer(config(), listen="127.0.0.1:0", sink=sink) as srv:
+        agent = Agent(srv.address)
+        await agent.connect()
+        tid = trace_id_of(14)
+        await agent.start_run("s1", tid)
+        step = b"\x05" * 8
+
+        def ours(n: int, resp: str):
+            extra = {"gen_ai.response.id": resp}
+            return span(
+                "chat m", tid, _usage("s1", 100, 10, extra), span_id=bytes([n]) * 8, parent=step
+            )
+
+        def theirs(n: int, inp: int = 100, extra: dict | None = None, parent: bytes = step):
+            attrs = {
+                "llm.token_count.prompt": inp,
+                "llm.token_count.completion": 10,
+                **(extra or {}),
+            }
+            return span("ChatCompletion", tid, attrs, span_id=bytes([n + 100]) * 8, parent=parent)
+
+        await agent.export(ours(1, "r1"), theirs(1))  # ours first
+        await agent.export(theirs(2))  # theirs first ...
+        await agent.export(ours(2, "r2"))  # ... then ours
+        await agent.export(ours(3, "r3"), ours(4, "r4"), theirs(3), theirs(4))  # two real calls
+        await agent.export(theirs(5, inp=99))  # other counts: a call of its own
+        await agent.export(ours(6, "r6"), theirs(6, extra={"gen_ai.response.id": "rX"}))
+        await agent.export(theirs(7, parent=b"\x04" * 8), ours(7, "r7"))  # the step before
+        usage = srv.registry.runs["s1"].budget.usage()
+        assert usage.model_calls == 4 + 1 + 2 + 1
+        assert srv.registry.stats["duplicate_model_calls"] == 5
+        await agent.close()
+
+
 async def test_agent_lost_after_grace(sink):
     cfg = config(guard={"agent_grace_s": 0.3})
     async with GuardServer(cfg, listen="127.0.0.1:0", sink=sink) as srv:
@@ -176,3 +218,13 @@ async def test_operator_cancel_by_tenant(sink):
         client.close()
         await a.close()
         await b.close()
+
+
+def _usage(run_id: str, inp: int, out: int, extra: dict) -> dict:
+    return {
+        "guard.run.id": run_id,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.usage.input_tokens": inp,
+        "gen_ai.usage.output_tokens": out,
+        **extra,
+    }
