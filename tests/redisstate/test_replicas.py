@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from server.conftest import Agent, config, eventually, model_span, trace_id_of
+from _wait import wait_until_async
+from server.conftest import Agent, config, model_span, trace_id_of
 
 from guard.policy import RollingLimit, TenantLimits
 from guard.server import GuardServer, MemorySink
@@ -112,8 +113,8 @@ async def test_concurrency_cap_holds_across_replicas(redis_url):
         assert moved.WhichOneof("body") == "admit"
         await a.end_run("a1")
         await b.end_run("a1")
-        assert await eventually(lambda: "a1" not in r2.registry.runs)
-        assert await eventually(lambda: "a1" not in r1.registry.runs)
+        await wait_until_async(lambda: "a1" not in r2.registry.runs)
+        await wait_until_async(lambda: "a1" not in r1.registry.runs)
         assert (await b.start_run("b3", trace_id_of(4))).WhichOneof("body") == "admit"
         await a.close()
         await b.close()
@@ -208,7 +209,7 @@ async def test_redis_down_local_windows_guard_then_reconciled_once(redis_server,
         assert r1.figures()["redis_fail_open_periods"] == 1  # one outage, several failures
         assert r1.figures()["redis_errors"] >= 1
         redis_server.start()
-        assert await eventually(lambda: r1.figures()["redis_reconciled_tenants"] == 1, 10)
+        await wait_until_async(lambda: r1.figures()["redis_reconciled_tenants"] == 1, 10)
         # 0.5 before the outage + 0.5 reconciled: nothing lost, nothing counted twice
         assert await fleet_sum(redis_url, "acme", lim) == pytest.approx(1.0)
         assert len(r1.registry.budgets.pending) == 0
