@@ -145,11 +145,7 @@ async def test_reconnect_after_guard_restart_re_registers_live_runs(sink):
 
 
 async def _errored(agent: Agent) -> bool:
-    for _ in range(100):
-        if agent.error is not None:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    return await wait_until_async(lambda: agent.error is not None, 10, "the stream's error")
 
 
 async def test_operator_cancel_by_tenant(sink):
