@@ -10,7 +10,6 @@ agents are raw control-stream clients (``tests/server/conftest.Agent``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -134,16 +133,19 @@ async def test_a_dead_replicas_slots_come_back_after_the_lease(redis_url, tmp_pa
     args += ["--listen", f"127.0.0.1:{port}", "--config", str(tmp_path / "policy.yaml")]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        a = Agent(f"127.0.0.1:{port}")
-        for _ in range(300):  # until the replica process listens (bounded)
+        agents: list[Agent] = []
+
+        async def connected() -> Agent | None:  # until the replica process listens
+            agents.append(Agent(f"127.0.0.1:{port}"))
             try:
-                await a.connect(process_id="A")
-                break
+                await agents[-1].connect(process_id="A")
             except Exception:
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                await a.close()
-                a = Agent(f"127.0.0.1:{port}")
-                await asyncio.sleep(0.05)
+                await agents.pop().close()
+                return None
+            return agents[-1]
+
+        a = await wait_until_async(connected, 15, "the replica process to listen", interval_s=0.05)
         for i in (1, 2):
             assert (await a.start_run(f"a{i}", trace_id_of(i))).WhichOneof("body") == "admit"
         os.kill(proc.pid, signal.SIGKILL)  # the replica dies holding two slots
@@ -153,15 +155,15 @@ async def test_a_dead_replicas_slots_come_back_after_the_lease(redis_url, tmp_pa
             await b.connect(process_id="B")
             first = await b.start_run("b0", trace_id_of(9))
             assert first.WhichOneof("body") == "deny" and first.deny.reason == "tenant_budget"
-            deadline = asyncio.get_running_loop().time() + 15
-            n = 10
-            while True:  # the dead replica's leases lapse: a new run is admitted again
+            ids = iter(range(10, 1 << 20))
+
+            async def admitted() -> bool:
+                n = next(ids)
                 got = await b.start_run(f"b{n}", trace_id_of(n))
-                if got.WhichOneof("body") == "admit":
-                    break
-                assert asyncio.get_running_loop().time() < deadline, got
-                n += 1
-                await asyncio.sleep(0.1)
+                return got.WhichOneof("body") == "admit"
+
+            # the dead replica's leases lapse: a new run is admitted again
+            await wait_until_async(admitted, 15, "a run admitted again", interval_s=0.1)
             await b.close()
         await a.close()
     finally:
