@@ -6,7 +6,6 @@ hand-rolled agents speaking the real protocol (control stream and OTLP export)."
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
@@ -74,12 +73,17 @@ async def _runs_on(fleet, name: str, run_ids: list[str], tenant: str = "acme") -
     return agent
 
 
+async def _holds(names: Any, want: set[str]) -> bool:
+    return want <= set(await names)
+
+
 async def test_fleet_cancel_through_a_third_replica_and_deny_during_it(fleet, redis_url):
     await fleet.start(redis_url, "xyz")
     ax = await _runs_on(fleet, "x", ["x1", "x2"])
     ay = await _runs_on(fleet, "y", ["y1"])
     other = await _runs_on(fleet, "y", ["g1"], tenant="globex")
-    await asyncio.sleep(0)  # the replicas' directory heartbeats ran at start
+    replicas = fleet["z"].registry.directory.replicas  # z sees x's and y's heartbeats
+    await wait_until_async(lambda: _holds(replicas(), {"x", "y"}), 10, "x, y in the directory")
     resp = await fleet.admin("z").Cancel(pb.CancelRequest(selector=pb.Selector(tenant="acme")))
     assert sorted(resp.run_ids) == ["x1", "x2", "y1"]
     for agent, rid in ((ax, "x1"), (ax, "x2"), (ay, "y1")):
