@@ -47,7 +47,7 @@ async def test_cancel_from_another_thread_reaches_an_awaiting_task(sink: SpanSin
     run = box["run"]
     threading.Thread(target=run.cancel, args=("user_cancel",)).start()
     # the step awaits a 60 s sleep: ending within a much shorter bound is the interrupt (the
-    # latency is a figure: benchmarks/bench_cancel_latency.py --mode local)
+    # latency is a figure: benchmarks/bench_sdk_waits.py local_cancel)
     with pytest.raises(guard.RunStopped) as info:
         await asyncio.wait_for(task, 10)
     o = info.value.outcome

@@ -237,7 +237,8 @@ def test_unanswered_admission_waits_at_most_the_timeout(fake: FakeGuard) -> None
         def f() -> str:
             return "ran under local limits"
 
-        # unanswered, on an open stream: only the timeout ends the wait, within a bound
+        # unanswered, on an open stream: only the timeout ends the wait, within a bound (how
+        # long it waits is benchmarks/bench_sdk_waits.py's admission_unanswered)
         assert _within(10, f) == "ran under local limits"
         rid = fake.of("run_started")[-1].run_id
         ended = fake.wait(
@@ -255,7 +256,8 @@ def test_unreachable_guard_fails_open_and_fail_closed_refuses() -> None:
 
     # Known-down guard: no admission wait at all. A wait would end only at the admit timeout
     # (60 s) or at the next connect attempt's failure (15-30 s away), both far past the
-    # bounded wait below: returning within it is the proof, with no clock read.
+    # bounded wait below: returning within it is the proof, with no clock read (the wait in
+    # ms: benchmarks/bench_sdk_waits.py's admission_known_down).
     with capture_spans(
         endpoint="127.0.0.1:9",
         admit_timeout_ms=60_000,
