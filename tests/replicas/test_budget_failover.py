@@ -12,8 +12,6 @@ hand-rolled agents speaking the real protocol."""
 
 from __future__ import annotations
 
-import asyncio
-
 from _wait import wait_until_async
 from server.conftest import Agent, span, trace_id_of
 
@@ -73,9 +71,10 @@ async def test_the_replica_a_run_left_never_frees_its_slot_or_grant(fleet, redis
     assert live == 1 and held is not None and held >= ceiling
     # every way x ends or forgets it: the sweep (past the grace), its run span arriving at x
     # (trace-ID routing), x's drain and close
-    gone_at = x.clock()
-    while x.clock() - gone_at < GRACE_S:  # past the grace (the state must not change)
-        await asyncio.sleep(0.1)
+    gone_at = x.clock()  # past the grace (the state must not change)
+    await wait_until_async(
+        lambda: x.clock() - gone_at >= GRACE_S, GRACE_S + 10, "the grace", interval_s=0.1
+    )
     x.sweep()
     spans = Agent(fleet["x"].address, tenant="acme")
     await spans.export(_run_span("r1", tid))  # awaits x's sync with Redis

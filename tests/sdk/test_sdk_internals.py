@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from _wait import wait_until
@@ -42,8 +41,10 @@ class _SlowExporter:
     def __init__(self) -> None:
         self.batches: list[int] = []
         self.gate = threading.Event()
+        self.exporting = threading.Event()  # set once the worker is inside export()
 
     def export(self, spans):
+        self.exporting.set()
         self.gate.wait(5)
         self.batches.append(len(spans))
         return SpanExportResult.SUCCESS
@@ -59,7 +60,7 @@ def test_low_latency_processor_batches_what_is_queued_and_counts_drops() -> None
     provider.add_span_processor(proc)
     tracer = provider.get_tracer("t")
     tracer.start_span("first").end()  # the worker takes it and blocks in export
-    time.sleep(0.05)
+    assert exporter.exporting.wait(10)
     for i in range(80):
         tracer.start_span(f"s{i}").end()
     exporter.gate.set()
