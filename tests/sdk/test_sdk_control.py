@@ -264,6 +264,7 @@ def test_unreachable_guard_fails_open_and_fail_closed_refuses() -> None:
         reconnect_min_s=30,
         reconnect_max_s=30,
         export_timeout_s=0.2,
+        shutdown_ack_timeout_s=0.1,  # the RunEnded records have nowhere to go: do not wait
     ):
         assert _within(10, f) == "ok"  # the first attempt fails: the waiting run goes on
         rt = get_runtime()
