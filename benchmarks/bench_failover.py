@@ -40,6 +40,7 @@ from typing import Any
 
 _ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_ROOT / "tests" / "server"))
+sys.path.insert(0, str(_ROOT / "tests"))  # _wait, which _faults waits with
 sys.path.insert(0, str(_ROOT / "benchmarks"))
 import _faults as F  # noqa: E402  (tests/server holds the real-process harness)
 from _net import free_port, wait_port  # noqa: E402
@@ -125,7 +126,7 @@ def trial(guards: list[Guard], agents_n: int, bounded: int) -> dict[str, Any]:
                 seen.update({rid: r for rid, r in listed(g.address).items() if r.connected})
             return still <= set(seen)
 
-        F.wait_until(guarded_again, 30, "runs guarded again", step=0.005)
+        F.wait_until(guarded_again, 30, "runs guarded again", interval_s=0.005)
         out["guarded_again_s"] = round(time.monotonic() - killed, 3)
         out["runs_moved"] = len(on_victim)
         guards[victim].start()

@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "ingest": ("bench_ingest.py", [], ["--requests", "40"]),
     "cancel_latency": ("bench_cancel_latency.py", [], ["--runs", "30"]),
+    "sdk_waits": ("bench_sdk_waits.py", [], ["--runs", "10"]),
     "sdk_overhead": ("bench_sdk_overhead.py", [], ["--steps", "300", "--rounds", "3"]),
     "redaction": ("bench_redaction.py", [], ["--steps", "300", "--rounds", "3"]),
     "memory": ("bench_memory.py", [], ["--runs", "1000"]),

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # _wait, for _faults
 import _faults as F  # tests/server holds the real-process harness
 
 _TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "stark")
@@ -60,7 +61,7 @@ def trial(root: Path, restart_after_s: float, agents_n: int, bounded: int) -> di
             return want <= set(seen) and all(seen[r].tenant and seen[r].agent for r in want)
 
         try:
-            F.wait_until(relisted, 20, "live runs listed again", step=0.01)
+            F.wait_until(relisted, 20, "live runs listed again", interval_s=0.01)
             out["relisted"] = True
             out["ready_to_listed_s"] = round(time.monotonic() - ready, 3)
         except AssertionError:

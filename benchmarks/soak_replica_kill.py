@@ -57,7 +57,9 @@ def _kill(fleet: Fleet, agents: list[F.FleetAgent], restart_after_s: float) -> d
     killed = time.monotonic()
     out: dict[str, Any] = {"kind": "kill", "restart_after_s": restart_after_s}
     try:
-        F.wait_until(lambda: fleet.guarded_again(victim, on_victim), 30, "guarded", step=0.005)
+        F.wait_until(
+            lambda: fleet.guarded_again(victim, on_victim), 30, "guarded", interval_s=0.005
+        )
         out["guarded_again_s"] = round(time.monotonic() - killed, 3)
     except AssertionError:
         out["guarded_again_s"] = None

@@ -13,7 +13,7 @@ only hand-off, so the ingest path never awaits a slow agent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -24,19 +24,31 @@ from guard.wire import directive_to_pb, envelope_to_pb
 
 __all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog"]
 
+log = logging.getLogger("guard.server.fanout")
+
 ACK_TIMEOUT_S = 10.0
 _CLOSE = object()  # queue sentinel: end the outgoing half of the stream
 _MAX_QUEUED = 50_000  # a stream this far behind is not reading: stop queueing to it
 
 
 class DecisionLog:
-    """Writes decision records to the sink, with the delivery latency when acked."""
+    """Writes decision records to the sink, with the delivery latency when acked.
 
-    def __init__(self, sink: Any, guard_id: str) -> None:
+    A sink that raises never breaks the guard: the record is dropped and counted in
+    ``stats["decisions_dropped"]`` (the registry's counters: ``GuardAdmin.Stats`` and the
+    ``otel_guard.decisions.dropped`` metric). A burst of failures logs twice, not once per
+    record: an error when the first record is dropped, a warning with the count when a write
+    succeeds again.
+    """
+
+    def __init__(self, sink: Any, guard_id: str, stats: dict[str, int] | None = None) -> None:
         self.sink = sink
         self.guard_id = guard_id
         self.latencies_ms: deque[float] = deque(maxlen=4096)  # recent, for ListRuns/benchmarks
         self.written = 0
+        self.stats = {} if stats is None else stats
+        self.stats.setdefault("decisions_dropped", 0)
+        self._burst = 0  # records dropped since the sink last took one
         # Called with each record as it is written (the guard's metrics count decisions here).
         self.on_write: Callable[[DecisionRecord, float | None], None] | None = None
 
@@ -46,10 +58,31 @@ class DecisionLog:
         if latency_ms is not None:
             self.latencies_ms.append(latency_ms)
         self.written += 1
-        with contextlib.suppress(Exception):
+        try:
             self.sink.write_decision(record)
+        except Exception:  # the sink's failure must not end the stream or the ingest call
+            self._dropped(record)
+        else:
+            if self._burst:
+                log.warning(
+                    "decision sink accepts records again; %d decision record(s) were dropped",
+                    self._burst,
+                )
+                self._burst = 0
         if self.on_write is not None:
             self.on_write(record, latency_ms)
+
+    def _dropped(self, record: DecisionRecord) -> None:
+        self.stats["decisions_dropped"] += 1
+        self._burst += 1
+        if self._burst == 1:
+            log.error(
+                "decision sink failed; dropping decision records until it recovers "
+                "(first: run %.80r, action %s)",
+                record.run_id,
+                record.action,
+                exc_info=True,
+            )
 
 
 class AgentSession:

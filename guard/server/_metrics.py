@@ -198,6 +198,8 @@ class GuardMetrics:
              "capacity)"),
             (counter, "otel_guard.records.acked", "{record}", stat("records_acked"),
              "RecordAcks sent"),
+            (counter, "otel_guard.decisions.dropped", "{decision}", stat("decisions_dropped"),
+             "decision records lost because the record sink raised"),
             (counter, "otel_guard.agents.lost", "{run}", stat("agent_lost"),
              "runs ended as agent_lost"),
             (counter, "otel_guard.capacity.rejections", "{run}", stat("capacity_rejections"),

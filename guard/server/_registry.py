@@ -90,7 +90,6 @@ class Registry:
         self.sink = sink
         self.guard_id = guard_id
         self.clock = clock
-        self.log = DecisionLog(sink, guard_id)
         self.table = t = RunTable(config.guard.max_tracked_runs)
         # read-only views of the table's maps (only RunTable changes them)
         self.runs, self.by_trace, self.by_tenant = t.runs, t.by_trace, t.by_tenant
@@ -98,6 +97,7 @@ class Registry:
         self.max_runs = t.max_runs
         self.sessions: set[AgentSession] = set()
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
+        self.log = DecisionLog(sink, guard_id, self.stats)
         self.applier = SpanApplier(self)
         # tenant budgets, the run directory and the directive bus: in memory, or shared by
         # replicas (see _parts); nothing else here knows which

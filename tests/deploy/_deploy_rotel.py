@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from _wait import wait_until
 
 __all__ = [
     "ROTEL_ENV_FILE",
@@ -58,16 +59,16 @@ def free_port() -> int:
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"rotel exited with code {proc.returncode} before listening")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+                return True
         except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"rotel did not listen on 127.0.0.1:{port} within {timeout_s} s")
+            return False
+
+    wait_until(listening, timeout_s, f"rotel to listen on 127.0.0.1:{port}", interval_s=0.02)
 
 
 @dataclass

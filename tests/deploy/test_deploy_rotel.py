@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from concurrent import futures
@@ -72,7 +71,6 @@ def test_spans_pass_through_rotel(receiver, tmp_path):
     with run_rotel(endpoint, tmp_path) as rotel:
         tp = _provider(rotel.endpoint)
         tracer = tp.get_tracer("guard-e2e")
-        sent: dict[str, float] = {}
         with tracer.start_as_current_span("invoke_agent refund-bot") as run_span:
             run_span.set_attribute("guard.run.id", "run-1")
             for i in range(1, 21):
@@ -80,7 +78,6 @@ def test_spans_pass_through_rotel(receiver, tmp_path):
                     step.set_attribute("guard.run.id", "run-1")
                     step.set_attribute("guard.step.index", i)
                     step.set_attribute("guard.action.fingerprint", f"{i:032x}")
-                sent[f"step-{i}"] = time.monotonic()
                 time.sleep(0.01)
         assert servicer.wait_for(21, timeout_s=15), rotel.log()
         tp.shutdown()
@@ -91,9 +88,3 @@ def test_spans_pass_through_rotel(receiver, tmp_path):
     assert {a["guard.action.fingerprint"].string_value for _, a in steps} == {
         f"{i:032x}" for i in range(1, 21)
     }
-    # The extra hop: span end -> arrival at the receiver behind rotel. Informational; the bound
-    # is generous on purpose (the cancel-latency benchmark measures it properly).
-    hop_ms = [(t - sent[f"step-{a['guard.step.index'].int_value}"]) * 1000 for t, a in steps]
-    p50 = statistics.median(hop_ms)
-    print(f"rotel hop: p50 {p50:.1f} ms, max {max(hop_ms):.1f} ms over {len(hop_ms)} spans")
-    assert p50 < 1000, hop_ms

@@ -31,7 +31,10 @@ def test_replica_sigkilled_mid_fleet(tmp_path: Path) -> None:
         F.wait_until(lambda: all(len(a.live()) >= 2 for a in agents), 30, "runs live")
         victim, on_victim = fleet.kill_holder(agents[0])
         F.wait_until(  # connected on a survivor, as its ListRuns shows them
-            lambda: fleet.guarded_again(victim, on_victim), 15, "runs guarded again", step=0.01
+            lambda: fleet.guarded_again(victim, on_victim),
+            15,
+            "runs guarded again",
+            interval_s=0.01,
         )
         fleet.start(victim)  # same data dir: replays its WAL, claims what it holds
         t = fleet.end(bounded=4)

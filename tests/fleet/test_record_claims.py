@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _wait import wait_until
 from redisstate._server import RedisServer
 
 from guard.policy._types import DecidedBy, Outcome, Reason, Status
@@ -182,10 +183,11 @@ def test_redis_down_stores_unclaimed_and_claims_when_back(
         # as a Redis that was only unreachable would still hold it.
         redis.start()
         redis.command("SET", y.claims.key("run-0000"), "z/other")  # type: ignore[union-attr]
-        deadline = time.monotonic() + 20
-        while y.counters()["records_claim_conflicts"] < 1:  # the writer's next cycles
-            assert time.monotonic() < deadline, y.counters()
-            time.sleep(0.02)
+        wait_until(  # the writer's next cycles
+            lambda: y.counters()["records_claim_conflicts"] >= 1,
+            20,
+            lambda: f"a claim conflict found; counters {y.counters()}",
+        )
         assert y.counters()["records_claim_conflicts"] == 1
         assert [r for r in caplog.records if "reachable again" in r.getMessage()]
     # what y stored unclaimed is claimed now: a later re-send to z is dropped there

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from _lg import MODES, Lookup, chat, instrument, runaway, then_answer
 from _llm_server import LLMServer
+from _wait import wait_until
 from langgraph.prebuilt import create_react_agent
 
 import guard
@@ -74,17 +75,6 @@ def test_exact_tokens_in_runstopped_and_the_record(llm: LLMServer, server, instr
     assert llm.count == 3
 
 
-def _wait(cond, timeout_s: float = 10.0) -> bool:
-    import time
-
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return False
-
-
 def _operator(srv: ServerThread, llm: LLMServer, state: dict) -> threading.Thread:
     """Once the held model call is in flight: cancel the run through GuardAdmin, wait for the
     cancel to reach the SDK, then let the call finish."""
@@ -95,8 +85,11 @@ def _operator(srv: ServerThread, llm: LLMServer, state: dict) -> threading.Threa
         with AdminClient(srv.address) as admin:
             admin.cancel(run_id=state["run"].run_id, reason="stop that")
         state["at_cancel"] = llm.count
-        state["seen"] = _wait(lambda: state["run"].cancelled)
-        gate.release()
+        try:
+            wait_until(lambda: state["run"].cancelled, 10, "the cancel to reach the SDK")
+            state["seen"] = True
+        finally:
+            gate.release()
 
     return threading.Thread(target=go, daemon=True)
 
@@ -149,7 +142,7 @@ def test_at_most_one_model_call_after_a_guard_cancel(
     op.join(10.0)
     out = stop.value.outcome
     assert (out.status, out.reason) == ("cancelled", "operator_cancel")
-    assert state["seen"]
+    assert state.get("seen")
     # No model call started after the cancel: the one in flight (held at the server) is the
     # only one. Sync: it finished and was recorded; async: the run's task was cancelled, the
     # request cut before an answer (nothing to record).

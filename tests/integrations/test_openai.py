@@ -11,6 +11,7 @@ from typing import Any
 import openai
 import pytest
 from _llm_server import LLMServer, error, text, tool
+from _wait import wait_until
 
 import guard
 from guard.integrations._base import admit_tool
@@ -288,8 +289,10 @@ def test_a_real_guard_cancel_stops_a_sync_loop_with_exact_tokens_in_the_stored_r
         def operator() -> None:
             assert gate.arrived.wait(10)
             AdminClient(srv.address).cancel(run_id=runs[0].run_id, reason="incident")
-            _wait(lambda: runs[0].cancelled)  # the cancel reached the agent over its stream
-            gate.release()
+            try:  # the cancel reached the agent over its stream
+                wait_until(lambda: runs[0].cancelled, 10, "the cancel to reach the run")
+            finally:
+                gate.release()
 
         @guard.run(agent="guarded", max_steps=200)
         def agent() -> None:
@@ -313,15 +316,6 @@ def test_a_real_guard_cancel_stops_a_sync_loop_with_exact_tokens_in_the_stored_r
         rec = store.run(o.run_id)
         assert (rec.input_tokens, rec.output_tokens, rec.model_calls) == (70, 30, 1)
         guard.shutdown()
-
-
-def _wait(pred: Any, timeout_s: float = 10.0) -> bool:
-    ev = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if pred():
-            return True
-        ev.wait(0.01)
-    return False
 
 
 def test_a_model_error_that_ends_the_run_is_recorded_as_model_error(sink, llm) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from _llm_server import LLMServer, text, tool
+from _wait import wait_until
 
 import guard
 from guard.integrations._base import errors
@@ -203,15 +204,6 @@ def test_a_refusal_inside_a_tool_ends_the_run_instead_of_becoming_a_tool_result(
     assert o.tool_calls == 1  # counted once: the @guard.tool inside recorded it, not twice
 
 
-def _wait(pred: Any, timeout_s: float = 10.0) -> bool:
-    ev = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if pred():
-            return True
-        ev.wait(0.01)
-    return False
-
-
 # A streamed run on the responses model reads its stream through the client's
 # ``with_streaming_response`` (a raw response whose parse() gives the stream): guarded too.
 RECORDED = [
@@ -243,11 +235,14 @@ def test_a_real_guard_cancel_leaves_at_most_the_call_in_flight_and_the_record_is
         at_cancel: list[int] = []
 
         def operator() -> None:
-            assert _wait(lambda: gates) and gates[0].arrived.wait(10)
+            wait_until(lambda: gates, 10, "the held model call")
+            assert gates[0].arrived.wait(10)
             AdminClient(srv.address).cancel(run_id=runs[0].run_id, reason="incident")
-            _wait(lambda: runs[0].cancelled)  # the cancel reached the agent over its stream
-            at_cancel.append(llm.count)
-            gates[0].release()
+            try:  # the cancel reached the agent over its stream
+                wait_until(lambda: runs[0].cancelled, 10, "the cancel to reach the run")
+            finally:
+                at_cancel.append(llm.count)
+                gates[0].release()
 
         @guard.run(agent="guarded", max_steps=200)
         def guarded() -> Any:
@@ -287,7 +282,8 @@ def test_an_async_run_cancelled_mid_call_makes_no_further_model_call(sink, llm):
         return await Runner.run(_agent(llm, "chat", lookup), "hi", max_turns=60)
 
     def cancel() -> None:
-        assert _wait(lambda: gates) and gates[0].arrived.wait(10)
+        wait_until(lambda: gates, 10, "the held model call")
+        assert gates[0].arrived.wait(10)
         runs[0].cancel("user_cancel")  # the run's task is cancelled mid-call
         gates[0].release()
 

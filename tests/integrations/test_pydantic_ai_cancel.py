@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 from _llm_server import tool
 from _pydantic_ai_help import MODES, agent_on
+from _wait import wait_until
 
 import guard
 from guard.cli._client import AdminClient
@@ -31,19 +31,9 @@ def srv() -> Iterator[ServerThread]:
 
 
 def _cancel(srv: ServerThread, agent: str) -> list[str]:
-    with AdminClient(srv.address) as client:
-        deadline = time.monotonic() + 10
-        while not client.list_runs(agent=agent).runs:  # registered once admitted
-            assert time.monotonic() < deadline, "the run never reached the guard"
-            time.sleep(0.01)
+    with AdminClient(srv.address) as client:  # registered once admitted
+        wait_until(lambda: client.list_runs(agent=agent).runs, 10, "the run to reach the guard")
         return client.cancel(agent=agent, reason="incident")
-
-
-def _poll(cond, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 def _sync_guard_run(name: str, agent) -> tuple[threading.Thread, dict]:
@@ -87,9 +77,11 @@ def test_guard_cancel_stops_run_sync_inside_a_sync_guard_run(srv, llm, mode) -> 
     assert gate.arrived.wait(10)
     assert _cancel(srv, "sync-bot")
     at_cancel = llm.count
-    _poll(lambda: "run" in box and box["run"].cancelled, "the cancel never reached the run")
+    wait_until(
+        lambda: "run" in box and box["run"].cancelled, 10, "the cancel never reached the run"
+    )
     # The framework's run is stopped for real: the request in flight is closed, unanswered.
-    _poll(gate.disconnected.is_set, "the request in flight was not closed")
+    wait_until(gate.disconnected.is_set, 10, "the request in flight was not closed")
     gate.release()
     th.join(10)
     exc = box.get("exc")
@@ -146,7 +138,7 @@ def test_a_tool_result_reached_after_the_cancel_never_reaches_the_model(srv, llm
     assert started.wait(10)
     assert _cancel(srv, "tool-bot")
     at_cancel = llm.count
-    _poll(lambda: box["run"].cancelled, "the cancel never reached the run")
+    wait_until(lambda: box["run"].cancelled, 10, "the cancel never reached the run")
     release.set()
     th.join(10)
     assert isinstance(box.get("exc"), guard.RunStopped), box.get("exc")

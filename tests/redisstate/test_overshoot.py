@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from server.conftest import Agent, eventually, trace_id_of
+from _wait import wait_until_async
+from server.conftest import Agent, trace_id_of
 
 from guard.policy import RollingLimit, TenantLimits
 from guard.server._redis import RedisTenantBudgets, StateClient
@@ -72,7 +73,7 @@ async def _stopped(redis_server, registry) -> None:
     noticed (its calls time out), then let it go on."""
     redis_server.proc.send_signal(signal.SIGSTOP)
     try:
-        assert await eventually(lambda: registry.budgets.down, timeout=10.0)
+        await wait_until_async(lambda: registry.budgets.down, 10.0)
     finally:
         redis_server.proc.send_signal(signal.SIGCONT)
 
@@ -127,7 +128,7 @@ async def test_a_registration_that_makes_no_run_frees_only_what_it_took(redis_se
         await x.outbox.put(pb.AgentMessage(run_started=rs))
         await stop
         await x.close()
-        assert await eventually(lambda: not r1.registry.budgets.down, timeout=10.0)
+        await wait_until_async(lambda: not r1.registry.budgets.down, 10.0)
         assert "r1" not in r1.registry.runs
         await r1.registry.budgets.sync()
         # r2's run keeps its slot (a second run is denied) and its grant

@@ -10,10 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from _wait import wait_until
 
 from guard.policy import RollingLimit, TenantLimits, Usage
 from guard.server._redis import RedisTenantBudgets
@@ -37,11 +37,12 @@ def start_workers(srv, mode: str, tenant: str, args: dict, n: int) -> list[subpr
         )
         for i in range(n)
     ]
-    end = time.monotonic() + 60
-    while int(srv.command("LLEN", f"ready:{name}")[1:].split(b"\r")[0]) < n:
-        assert time.monotonic() < end, "workers did not reach the barrier"
+
+    def ready() -> bool:
         assert all(p.poll() is None for p in procs), "a worker died"
-        time.sleep(0.02)
+        return int(srv.command("LLEN", f"ready:{name}")[1:].split(b"\r")[0]) >= n
+
+    wait_until(ready, 60, "the workers to reach the barrier", interval_s=0.02)
     for _ in range(n):
         srv.command("RPUSH", f"go:{name}", "1")
     return procs

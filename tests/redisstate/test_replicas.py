@@ -10,7 +10,6 @@ agents are raw control-stream clients (``tests/server/conftest.Agent``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from server.conftest import Agent, config, eventually, model_span, trace_id_of
+from _wait import wait_until_async
+from server.conftest import Agent, config, model_span, trace_id_of
 
 from guard.policy import RollingLimit, TenantLimits
 from guard.server import GuardServer, MemorySink
@@ -112,8 +112,8 @@ async def test_concurrency_cap_holds_across_replicas(redis_url):
         assert moved.WhichOneof("body") == "admit"
         await a.end_run("a1")
         await b.end_run("a1")
-        assert await eventually(lambda: "a1" not in r2.registry.runs)
-        assert await eventually(lambda: "a1" not in r1.registry.runs)
+        await wait_until_async(lambda: "a1" not in r2.registry.runs)
+        await wait_until_async(lambda: "a1" not in r1.registry.runs)
         assert (await b.start_run("b3", trace_id_of(4))).WhichOneof("body") == "admit"
         await a.close()
         await b.close()
@@ -133,16 +133,19 @@ async def test_a_dead_replicas_slots_come_back_after_the_lease(redis_url, tmp_pa
     args += ["--listen", f"127.0.0.1:{port}", "--config", str(tmp_path / "policy.yaml")]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        a = Agent(f"127.0.0.1:{port}")
-        for _ in range(300):  # until the replica process listens (bounded)
+        agents: list[Agent] = []
+
+        async def connected() -> Agent | None:  # until the replica process listens
+            agents.append(Agent(f"127.0.0.1:{port}"))
             try:
-                await a.connect(process_id="A")
-                break
+                await agents[-1].connect(process_id="A")
             except Exception:
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                await a.close()
-                a = Agent(f"127.0.0.1:{port}")
-                await asyncio.sleep(0.05)
+                await agents.pop().close()
+                return None
+            return agents[-1]
+
+        a = await wait_until_async(connected, 15, "the replica process to listen", interval_s=0.05)
         for i in (1, 2):
             assert (await a.start_run(f"a{i}", trace_id_of(i))).WhichOneof("body") == "admit"
         os.kill(proc.pid, signal.SIGKILL)  # the replica dies holding two slots
@@ -152,15 +155,15 @@ async def test_a_dead_replicas_slots_come_back_after_the_lease(redis_url, tmp_pa
             await b.connect(process_id="B")
             first = await b.start_run("b0", trace_id_of(9))
             assert first.WhichOneof("body") == "deny" and first.deny.reason == "tenant_budget"
-            deadline = asyncio.get_running_loop().time() + 15
-            n = 10
-            while True:  # the dead replica's leases lapse: a new run is admitted again
+            ids = iter(range(10, 1 << 20))
+
+            async def admitted() -> bool:
+                n = next(ids)
                 got = await b.start_run(f"b{n}", trace_id_of(n))
-                if got.WhichOneof("body") == "admit":
-                    break
-                assert asyncio.get_running_loop().time() < deadline, got
-                n += 1
-                await asyncio.sleep(0.1)
+                return got.WhichOneof("body") == "admit"
+
+            # the dead replica's leases lapse: a new run is admitted again
+            await wait_until_async(admitted, 15, "a run admitted again", interval_s=0.1)
             await b.close()
         await a.close()
     finally:
@@ -208,7 +211,7 @@ async def test_redis_down_local_windows_guard_then_reconciled_once(redis_server,
         assert r1.figures()["redis_fail_open_periods"] == 1  # one outage, several failures
         assert r1.figures()["redis_errors"] >= 1
         redis_server.start()
-        assert await eventually(lambda: r1.figures()["redis_reconciled_tenants"] == 1, 10)
+        await wait_until_async(lambda: r1.figures()["redis_reconciled_tenants"] == 1, 10)
         # 0.5 before the outage + 0.5 reconciled: nothing lost, nothing counted twice
         assert await fleet_sum(redis_url, "acme", lim) == pytest.approx(1.0)
         assert len(r1.registry.budgets.pending) == 0

@@ -12,9 +12,8 @@ hand-rolled agents speaking the real protocol."""
 
 from __future__ import annotations
 
-import asyncio
-
-from server.conftest import Agent, eventually, span, trace_id_of
+from _wait import wait_until_async
+from server.conftest import Agent, span, trace_id_of
 
 from guard.policy import RollingLimit, TenantLimits
 from guard.server._redis import RedisTenantBudgets, StateClient
@@ -60,21 +59,22 @@ async def test_the_replica_a_run_left_never_frees_its_slot_or_grant(fleet, redis
     live, ceiling = await _fleet_state(redis_url, "r1")
     assert live == 1 and ceiling is not None and ceiling > 0
     await first.close()  # x's stream drops: r1 is detached on x, within the grace
-    assert await eventually(lambda: "r1" in x.detached)
+    await wait_until_async(lambda: "r1" in x.detached)
     again = Agent(fleet["z"].address, tenant="acme")  # the agent fails over to z
     rs = pb.RunStarted(run_id="r1", trace_id=tid.hex(), agent="bot", tenant="acme")
     await again.connect(live_runs=[rs], process_id="p1")
-    assert await eventually(lambda: z.runs.get("r1") is not None and z.runs["r1"].connected)
+    await wait_until_async(lambda: z.runs.get("r1") is not None and z.runs["r1"].connected)
     # x sees that z holds it now: a remote run on x
-    assert await eventually(lambda: x.runs.get("r1") is not None and x.runs["r1"].remote == "z")
+    await wait_until_async(lambda: x.runs.get("r1") is not None and x.runs["r1"].remote == "z")
     await x.budgets.sync()
     live, held = await _fleet_state(redis_url, "r1")  # z's re-registration may grant more
     assert live == 1 and held is not None and held >= ceiling
     # every way x ends or forgets it: the sweep (past the grace), its run span arriving at x
     # (trace-ID routing), x's drain and close
-    gone_at = x.clock()
-    while x.clock() - gone_at < GRACE_S:  # past the grace (the state must not change)
-        await asyncio.sleep(0.1)
+    gone_at = x.clock()  # past the grace (the state must not change)
+    await wait_until_async(
+        lambda: x.clock() - gone_at >= GRACE_S, GRACE_S + 10, "the grace", interval_s=0.1
+    )
     x.sweep()
     spans = Agent(fleet["x"].address, tenant="acme")
     await spans.export(_run_span("r1", tid))  # awaits x's sync with Redis
@@ -88,7 +88,7 @@ async def test_the_replica_a_run_left_never_frees_its_slot_or_grant(fleet, redis
     assert second.WhichOneof("body") == "deny" and second.deny.reason == "tenant_budget"
     # z's run ends: now the slot and the grant go back
     await again.end_run("r1")
-    assert await eventually(lambda: "r1" not in z.runs)
+    await wait_until_async(lambda: "r1" not in z.runs)
     await z.budgets.sync()
     live, ceiling = await _fleet_state(redis_url, "r1")
     assert live == 0 and ceiling is None

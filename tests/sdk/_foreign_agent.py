@@ -104,6 +104,9 @@ def agent() -> str:
                 get_weather(SECRET_ARGS)
             step.progress(True)
     if cfg.get("admin"):
+        from pathlib import Path
+
+        sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/: _wait
         from _live_view import live_view  # this script's folder is on sys.path
 
         result["live"] = live_view(cfg["admin"], run.run_id, cfg["calls"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from _wait import wait_until
 
 import guard
 from guard.cli._client import AdminClient
@@ -12,8 +12,8 @@ __all__ = ["live_view"]
 
 def live_view(address: str, run_id: str, model_calls: int) -> dict[str, int]:
     """Call inside the run, after its calls: the guard's usage of it once it counted
-    ``model_calls`` model calls (bounded wait), read again a moment later, when a second count
-    of any of them would have arrived too."""
+    ``model_calls`` model calls (bounded wait), read again after a second flush, when a second
+    count of any of them would have arrived too."""
 
     def read() -> dict[str, int]:
         with AdminClient(address) as c:
@@ -25,9 +25,6 @@ def live_view(address: str, run_id: str, model_calls: int) -> dict[str, int]:
         return {"model_calls": 0, "tokens": 0}
 
     guard.flush(10)
-    deadline = time.monotonic() + 10
-    while read()["model_calls"] < model_calls and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
-    guard.flush(10)
+    wait_until(lambda: read()["model_calls"] >= model_calls, 10, f"{model_calls} model calls")
+    guard.flush(10)  # a barrier, not a sleep: whatever else the SDK had to send is counted now
     return read()

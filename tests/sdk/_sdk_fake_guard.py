@@ -78,16 +78,15 @@ class FakeGuard(pb_grpc.GuardControlServicer):
         self.streams[-1].put(None)
 
     def wait(self, pred: Callable[[pb.AgentMessage], bool], timeout: float = 5.0):
-        deadline = time.monotonic() + timeout
+        """The first message received that matches ``pred`` (woken by each arrival; bounded),
+        or None."""
+
+        def first() -> Any:
+            return next((m for m in self.received if pred(m)), None)
+
         with self.cond:
-            while True:
-                for m in self.received:
-                    if pred(m):
-                        return m
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
+            self.cond.wait_for(lambda: first() is not None, timeout)
+            return first()
 
     def of(self, kind: str) -> list[Any]:
         with self.cond:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 
 import pytest
 from _sdk_fake_guard import FakeGuard
+from _wait import wait_until, wait_until_async
 
 import guard
 from guard.errors import GuardUnavailable
@@ -111,16 +113,14 @@ async def test_guard_cancel_interrupts_an_awaiting_run_and_is_acked(fake: FakeGu
                 await asyncio.sleep(60)
 
         task = asyncio.ensure_future(f())
-        while "run" not in box:
-            await asyncio.sleep(0.005)
-        run_id = box["run"].run_id
-        t0 = time.monotonic()
+        run_id = (await wait_until_async(lambda: box.get("run"), 10, "the run to start")).run_id
         cid = fake.send(
             cancel=pb.Directive(run_id=run_id, reason="loop_detected", detail="exact_repeat 3x")
         )
+        # the step awaits a 60 s sleep: ending within a much shorter bound is the interrupt
+        # (the latency itself is benchmarks/bench_cancel_latency.py's figure)
         with pytest.raises(guard.RunStopped) as info:
-            await task
-        assert time.monotonic() - t0 < 1.0
+            await asyncio.wait_for(task, 10)
         o = info.value.outcome
         assert (o.status, o.reason, o.decided_by) == ("terminated", "loop_detected", "guard")
         ack = await asyncio.to_thread(
@@ -147,15 +147,11 @@ def test_operator_cancel_warn_and_wrap_up(fake: FakeGuard) -> None:
 
         th = threading.Thread(target=lambda: box.setdefault("exc", _catch(f)))
         th.start()
-        while "run" not in box:
-            time.sleep(0.005)
-        rid = box["run"].run_id
+        rid = wait_until(lambda: box.get("run"), 10, "the run to start").run_id
         fake.send(warn=pb.Directive(run_id=rid, reason="cost_budget", utilisation=0.72))
         fake.send(wrap_up=pb.Directive(run_id=rid, reason="cost_budget", utilisation=0.91))
-        deadline = time.monotonic() + 5
-        while not box["run"].wrap_up_requested and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert box["run"].warned and box["run"].wrap_up_requested
+        wait_until(lambda: box["run"].wrap_up_requested, 10, "the wrap_up applied")
+        assert box["run"].warned
         go.set()
         fake.send(cancel=pb.Directive(run_id=rid, reason="operator_cancel", detail="fleet stop"))
         th.join(10)
@@ -166,6 +162,15 @@ def test_operator_cancel_warn_and_wrap_up(fake: FakeGuard) -> None:
         assert "guard.warn" in events and "guard.wrap_up" in events
     unknown = [a for a in fake.of("ack") if not a.applied]
     assert unknown == []
+
+
+def _within(timeout_s: float, fn):
+    """``fn()`` in a thread, its result awaited for at most ``timeout_s`` (else a failure)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn).result(timeout=timeout_s)
+    finally:
+        pool.shutdown(wait=False)  # a hung call fails the test now, not at the suite's timeout
 
 
 def _catch(fn):
@@ -191,9 +196,7 @@ def test_reconnect_resends_live_runs_and_heartbeats(fake: FakeGuard) -> None:
 
         th = threading.Thread(target=lambda: box.setdefault("value", f()))
         th.start()
-        while "run" not in box:
-            time.sleep(0.005)
-        rid = box["run"].run_id
+        rid = wait_until(lambda: box.get("run"), 10, "the run to start").run_id
         beat = fake.wait(
             lambda m: (
                 m.WhichOneof("body") == "heartbeat"
@@ -235,27 +238,42 @@ def test_unanswered_admission_waits_at_most_the_timeout(fake: FakeGuard) -> None
         def f() -> str:
             return "ran under local limits"
 
-        t0 = time.monotonic()
-        assert f() == "ran under local limits"
-        assert 0.09 <= time.monotonic() - t0 < 1.0
+        # unanswered, on an open stream: only the timeout ends the wait, within a bound (how
+        # long it waits is benchmarks/bench_sdk_waits.py's admission_unanswered)
+        assert _within(10, f) == "ran under local limits"
+        rid = fake.of("run_started")[-1].run_id
+        ended = fake.wait(
+            lambda m: m.WhichOneof("body") == "run_ended" and m.run_ended.outcome.run_id == rid
+        )
+        assert ended is not None and ended.run_ended.outcome.status == "completed"
 
 
 def test_unreachable_guard_fails_open_and_fail_closed_refuses() -> None:
+    from guard.sdk._runtime import get_runtime
+
+    @guard.run(agent="bot")
+    def f() -> str:
+        return "ok"
+
+    # Known-down guard: no admission wait at all. A wait would end only at the admit timeout
+    # (60 s) or at the next connect attempt's failure (15-30 s away), both far past the
+    # bounded wait below: returning within it is the proof, with no clock read (the wait in
+    # ms: benchmarks/bench_sdk_waits.py's admission_known_down).
+    with capture_spans(
+        endpoint="127.0.0.1:9",
+        admit_timeout_ms=60_000,
+        reconnect_min_s=30,
+        reconnect_max_s=30,
+        export_timeout_s=0.2,
+        shutdown_ack_timeout_s=0.1,  # the RunEnded records have nowhere to go: do not wait
+    ):
+        assert _within(10, f) == "ok"  # the first attempt fails: the waiting run goes on
+        rt = get_runtime()
+        assert rt.control is not None and rt.control.first_attempt_done.wait(5)
+        assert _within(10, f) == "ok"
     with capture_spans(
         endpoint="127.0.0.1:9", admit_timeout_ms=100, reconnect_min_s=0.05, export_timeout_s=0.2
     ):
-        from guard.sdk._runtime import get_runtime
-
-        @guard.run(agent="bot")
-        def f() -> str:
-            return "ok"
-
-        assert f() == "ok"
-        rt = get_runtime()
-        assert rt.control is not None and rt.control.first_attempt_done.wait(5)
-        t0 = time.monotonic()
-        assert f() == "ok"
-        assert time.monotonic() - t0 < 0.09  # known-down guard: no admission wait at all
 
         @guard.run(agent="bot", fail_closed=True)
         def strict() -> str:

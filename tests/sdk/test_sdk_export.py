@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -61,12 +60,11 @@ def test_application_tracer_provider_receives_the_spans() -> None:
 
 class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
-        self.spans: list[tuple[float, str, dict]] = []
+        self.spans: list[tuple[str, dict]] = []
         self.metadata: list[dict] = []
         self.cond = threading.Condition()
 
     def Export(self, request, context):
-        now = time.monotonic()
         md = dict(context.invocation_metadata())
         with self.cond:
             self.metadata.append(md)
@@ -74,21 +72,18 @@ class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
                 for ss in rs.scope_spans:
                     for span in ss.spans:
                         attrs = {kv.key: kv.value for kv in span.attributes}
-                        self.spans.append((now, span.name, attrs))
+                        self.spans.append((span.name, attrs))
             self.cond.notify_all()
         return trace_service_pb2.ExportTraceServiceResponse()
 
-    def wait_for(self, name: str, timeout: float) -> float | None:
-        deadline = time.monotonic() + timeout
+    def names(self) -> list[str]:
         with self.cond:
-            while True:
-                for t, n, _ in self.spans:
-                    if n == name:
-                        return t
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
+            return [n for n, _ in self.spans]
+
+    def wait_for(self, name: str, timeout: float, n: int = 1) -> bool:
+        """Until ``n`` spans named ``name`` have arrived (woken by each Export; bounded)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.names().count(name) >= n, timeout)
 
 
 @pytest.fixture
@@ -114,40 +109,29 @@ def test_step_span_reaches_the_guard_quickly_through_the_real_otlp_exporter(coll
                 pass
 
         warm()
-        assert svc.wait_for("invoke_agent warm", 10) is not None
-        box: dict = {}
+        assert svc.wait_for("invoke_agent warm", 10)
+        release = threading.Event()
 
         @guard.run(agent="fast", max_steps=5)
         def f() -> None:
             with guard.step() as step:
                 step.tool_call("search", {"q": "x"}, result=1)
-            box["step_end"] = time.monotonic()
-            time.sleep(0.5)  # the run is still going: the step span must not wait for it
+            release.wait(30)  # the run is still going: the step span must not wait for it
 
         th = threading.Thread(target=f)
         th.start()
-        arrived = None
-        deadline = time.monotonic() + 5
-        while arrived is None and time.monotonic() < deadline:
-            arrived = next(
-                (
-                    t
-                    for t, n, a in svc.spans
-                    if n == "guard.step"
-                    and a.get("guard.step.index")
-                    and "step_end" in box
-                    and t >= box["step_end"] - 0.05
-                ),
-                None,
-            )
-            time.sleep(0.002)
-        th.join()
-        assert arrived is not None
-        latency = arrived - box["step_end"]
-        assert latency < 0.5, f"step span took {latency * 1000:.0f} ms to reach the guard"
+        # The order of events, not a latency: the step span reaches the guard while the run is
+        # held open (an export at the run's end would time this wait out). How fast it gets
+        # there is a figure of benchmarks/bench_cancel_latency.py (step end -> cancel).
+        try:
+            assert svc.wait_for("guard.step", 10, n=2), svc.names()  # warm's, then f's
+            assert "invoke_agent fast" not in svc.names()
+        finally:
+            release.set()
+            th.join(10)
         assert any(md.get("authorization") == "Bearer t0ken" for md in svc.metadata)
         assert guard.flush(5)
-        names = [n for _, n, _ in svc.spans]
+        names = svc.names()
         assert "invoke_agent fast" in names and "execute_tool search" in names
 
 

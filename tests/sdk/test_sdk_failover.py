@@ -7,11 +7,11 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from typing import Any
 
 import pytest
 from _sdk_real_guard import guard_in_thread
+from _wait import wait_until
 
 import guard
 from guard.errors import ConfigError
@@ -28,16 +28,6 @@ def _listed(port: int) -> dict[str, Any]:
 
     with AdminClient(f"127.0.0.1:{port}") as c:
         return {r.run_id: r for r in c.list_runs().runs}
-
-
-def _poll(pred: Any, what: str, timeout_s: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _dead_port() -> int:
@@ -132,7 +122,7 @@ def test_a_stopped_guard_hands_its_live_runs_to_the_next_with_their_counters() -
                         return i + 1  # 1-based: 0 is falsy
                 return None
 
-            first = _poll(holder, "the run listed with its 5 steps") - 1
+            first = wait_until(holder, 15, "the run listed with its 5 steps") - 1
             other = 1 - first
             assert run_id not in _listed(ports[other])
             cms[first].__exit__(None, None, None)  # the guard holding the stream goes away
@@ -141,7 +131,7 @@ def test_a_stopped_guard_hands_its_live_runs_to_the_next_with_their_counters() -
                 r = _listed(ports[other]).get(run_id)
                 return r if r is not None and r.connected else None
 
-            r = _poll(moved, "the run re-registered on the other guard")
+            r = wait_until(moved, 15, "the run re-registered on the other guard")
             assert (r.usage.steps, r.usage.model_calls, r.usage.input_tokens) == (5, 5, 50)
             assert (r.tenant, r.agent) == ("acme", "bot")
             gate.set()
@@ -158,7 +148,7 @@ def test_a_stopped_guard_hands_its_live_runs_to_the_next_with_their_counters() -
             guard.shutdown()
             assert stats().get("control_records_unacknowledged", 0) == 0
             sink = boxes[other]["sink"]
-            rec = _poll(lambda: [x for x in sink.runs if x.run_id == run_id], "the record")
+            rec = wait_until(lambda: [x for x in sink.runs if x.run_id == run_id], 15, "the record")
             assert [(x.reason.value, x.steps) for x in rec] == [("max_steps", 30)]
         cms[other].__exit__(None, None, None)
         stack.pop_all()
@@ -194,7 +184,7 @@ def test_a_run_started_while_one_guard_is_down_goes_to_the_live_one() -> None:
         assert (o.reason, o.steps) == ("max_steps", 3)
         assert get_runtime().control.counters["failovers"] >= 1
         guard.shutdown()
-        _poll(lambda: any(r.run_id == o.run_id for r in live["sink"].runs), "the record")
+        wait_until(lambda: any(r.run_id == o.run_id for r in live["sink"].runs), 15, "the record")
 
 
 def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
@@ -203,7 +193,7 @@ def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
         o = _steps_until_stopped(2)
         assert o.reason == "max_steps"  # local limits, no guard
         control = get_runtime().control
-        _poll(lambda: control.counters["reconnects"] >= 2, "two full cycles")
+        wait_until(lambda: control.counters["reconnects"] >= 2, 15, "two full cycles")
         # within a cycle the next guard is tried at once; between cycles it backs off
         assert control.counters["failovers"] >= control.counters["reconnects"] - 1
         assert control.counters["errors"] <= 2 * (control.counters["reconnects"] + 1)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from _wait import wait_until
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 
@@ -34,18 +34,17 @@ def test_dead_timers_are_compacted() -> None:
         t.cancel()
     sched.schedule(3600, lambda: None)
     # compacted in one pass by schedule(), or popped by the timer thread meanwhile
-    deadline = time.monotonic() + 5
-    while len(sched._heap) >= 100 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(sched._heap) < 100
+    wait_until(lambda: len(sched._heap) < 100, 10, lambda: f"compaction ({len(sched._heap)} left)")
 
 
 class _SlowExporter:
     def __init__(self) -> None:
         self.batches: list[int] = []
         self.gate = threading.Event()
+        self.exporting = threading.Event()  # set once the worker is inside export()
 
     def export(self, spans):
+        self.exporting.set()
         self.gate.wait(5)
         self.batches.append(len(spans))
         return SpanExportResult.SUCCESS
@@ -61,7 +60,7 @@ def test_low_latency_processor_batches_what_is_queued_and_counts_drops() -> None
     provider.add_span_processor(proc)
     tracer = provider.get_tracer("t")
     tracer.start_span("first").end()  # the worker takes it and blocks in export
-    time.sleep(0.05)
+    assert exporter.exporting.wait(10)
     for i in range(80):
         tracer.start_span(f"s{i}").end()
     exporter.gate.set()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import pytest
 from _sdk_fake_guard import FakeGuard
+from _wait import wait_until
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from test_sdk_control import _settings as _control_settings
 
@@ -62,7 +62,7 @@ def test_an_unacknowledged_record_is_resent_after_every_reconnect_until_acked() 
         assert g.wait(lambda m: _ended(g, rid) >= 3, timeout=10)
         control = get_runtime().control
         assert control is not None
-        assert _wait(lambda: len(control.unacked) == 0)
+        wait_until(lambda: len(control.unacked) == 0, 10)
         # the next Hello tells a (restarted) guard the run is over
         g.drop_stream()
         h = g.wait(lambda m: m.WhichOneof("body") == "hello" and rid in m.hello.ended_runs)
@@ -73,16 +73,6 @@ def test_an_unacknowledged_record_is_resent_after_every_reconnect_until_acked() 
     finally:
         reset()
         g.stop()
-
-
-def _wait(pred, timeout: float = 5.0) -> bool:
-    ev = threading.Event()
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        ev.wait(0.01)
-    return True
 
 
 def test_shutdown_while_the_guard_is_down_waits_and_delivers_when_it_returns() -> None:
@@ -166,13 +156,13 @@ def test_the_re_registration_snapshot_matches_the_span_numbers() -> None:
 
         th = threading.Thread(target=f)
         th.start()
-        assert _wait(lambda: "rid" in box)
+        wait_until(lambda: "rid" in box, 10)
         rid = box["rid"]
-        assert _wait(lambda: len(_seqs(g, rid)) == 9)  # 3 x (step, model call, tool call)
+        wait_until(lambda: len(_seqs(g, rid)) == 9, 10)  # 3 x (step, model call, tool call)
         assert sorted(_seqs(g, rid)) == list(range(1, 10))  # each counted span numbered once
         before = len(g.of("hello"))
         g.drop_stream()
-        assert _wait(lambda: len(g.of("hello")) > before)
+        wait_until(lambda: len(g.of("hello")) > before, 10)
         h = g.of("hello")[before]  # the re-registration after the reconnect
         live = next(r for r in h.live_runs if r.run_id == rid)
         assert live.span_seq == 9

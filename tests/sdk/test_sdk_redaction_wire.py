@@ -9,7 +9,6 @@ recorded by a real gRPC proxy in front of a real guard (with the embedded ClickH
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import grpc
 import pytest
 from _genai_spans import M, contains_marker, emit_instrumented_calls
 from _recording_proxy import RecordingProxy
+from _wait import wait_until
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -103,9 +103,8 @@ def test_no_content_reaches_the_guard_its_logs_or_its_store(
             with guard.step():
                 box["made"], box["tokens"] = emit_instrumented_calls(tracer)
             assert guard.flush(10)
-            deadline = time.monotonic() + 10  # the guard counts the foreign calls' tokens
-            while _tenant_tokens(srv.address) < box["tokens"] and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # the guard counts the foreign calls' tokens (read by the test once the run is over)
+            wait_until(lambda: _tenant_tokens(srv.address) >= box["tokens"], 10, "the tokens")
             box["counted"] = _tenant_tokens(srv.address)
             return "done"
 

@@ -7,6 +7,7 @@ import contextvars
 import threading
 
 import pytest
+from _wait import wait_until_async
 
 import guard
 from guard.testing import SpanSink
@@ -110,8 +111,9 @@ def test_exceptions_and_cancels_release_the_reservation(sink: SpanSink) -> None:
                 await asyncio.sleep(10)
 
         task = asyncio.ensure_future(one())
-        await asyncio.sleep(0.01)
-        seen["held"] = run.budget.reserved().cost_usd
+        seen["held"] = await wait_until_async(
+            lambda: run.budget.reserved().cost_usd, 10, "the reservation held"
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

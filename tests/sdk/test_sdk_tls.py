@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _sdk_real_guard import guard_in_thread
+from _wait import wait_until
 
 import guard
 from guard.errors import ConfigError
@@ -62,13 +62,6 @@ def mtls_guard(pki: dict[str, str]) -> Iterator[dict[str, Any]]:
         yield box
 
 
-def _until(cond: Any, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return bool(cond())
-
-
 @guard.run(agent="tls-bot", max_steps=10)  # the guard's policy tightens this to 3
 def _loop() -> None:
     while True:
@@ -92,10 +85,11 @@ def test_mtls_guard_admits_the_agent_with_its_client_certificate(
             _loop()
         assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
         proc = get_runtime().processor
-        assert proc is not None and _until(lambda: proc.exported >= 10), proc.exported
+        assert proc is not None
+        wait_until(lambda: proc.exported >= 10, 10, lambda: f"10 spans exported ({proc.exported})")
         assert proc.failed == 0
         guard.shutdown()
-    assert _until(lambda: len(mtls_guard["sink"].runs) == 1)
+    wait_until(lambda: len(mtls_guard["sink"].runs) == 1, 10)
     rec = mtls_guard["sink"].runs[0]
     assert (rec.reason.value, rec.steps) == ("max_steps", 3)
 
@@ -107,7 +101,7 @@ def test_without_a_client_certificate_the_agent_runs_under_local_limits(
     with capture_spans(endpoint=f"127.0.0.1:{mtls_guard['port']}", tls_ca_file=pki["ca.pem"]):
         control = get_runtime().control
         assert control is not None
-        assert _until(lambda: control.counters["errors"] >= 1)
+        wait_until(lambda: control.counters["errors"] >= 1, 10)
         assert not control.connected.is_set()
 
         @guard.run(agent="tls-bot", max_steps=2)
@@ -181,6 +175,9 @@ def test_a_name_the_sdk_resolves_is_still_the_name_tls_verifies(pki: dict[str, s
                 _loop()
             assert (info.value.outcome.reason, info.value.outcome.steps) == ("max_steps", 3)
             proc = get_runtime().processor
-            assert proc is not None and _until(lambda: proc.exported >= 3), proc.exported
+            assert proc is not None
+            wait_until(
+                lambda: proc.exported >= 3, 10, lambda: f"3 spans exported ({proc.exported})"
+            )
             guard.shutdown()
-        assert _until(lambda: len(box["sink"].runs) == 1)
+        wait_until(lambda: len(box["sink"].runs) == 1, 10)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from _wait import wait_until  # re-exported: the benchmarks' soaks wait with it too
+
 from guard.cli._client import AdminClient
 
 __all__ = [
@@ -42,18 +44,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(pred: Any, timeout: float, what: str, step: float = 0.02) -> Any:
-    """Poll ``pred`` until it returns something truthy (returned) or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(step)
 
 
 class GuardProc:

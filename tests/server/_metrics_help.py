@@ -10,6 +10,7 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+from _wait import wait_until_async
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
     metrics_service_pb2_grpc,
@@ -54,13 +55,20 @@ async def scrape(address: str) -> Scrape:
 
 
 async def scrape_until(address: str, pred, timeout_s: float = 10.0) -> Scrape:
-    """Scrape until ``pred(scrape)`` holds (bounded); returns the last scrape either way."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        got = await scrape(address)
-        if pred(got) or asyncio.get_running_loop().time() > deadline:
-            return got
-        await asyncio.sleep(0.05)
+    """Scrape until ``pred(scrape)`` holds (bounded) and return that scrape; fails with the
+    last scrape's text when it never does."""
+    last: list[Scrape] = []
+
+    async def holds() -> Scrape | None:
+        last[:] = [await scrape(address)]
+        return last[0] if pred(last[0]) else None
+
+    return await wait_until_async(
+        holds,
+        timeout_s,
+        lambda: f"a scrape of {address} matching {pred}; last: {last[0].text[-400:]!r}",
+        interval_s=0.05,
+    )
 
 
 class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
@@ -98,11 +106,9 @@ class MetricsReceiver(metrics_service_pb2_grpc.MetricsServiceServicer):
         return out
 
     async def wait_for(self, pred, timeout_s: float = 10.0) -> bool:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while not pred(self.latest()):
-            if asyncio.get_running_loop().time() > deadline:
-                return False
-            await asyncio.sleep(0.05)
+        """Until ``pred(self.latest())`` holds (bounded: fails after ``timeout_s``)."""
+        what = f"an OTLP metrics export matching {getattr(pred, '__name__', pred)}"
+        await wait_until_async(lambda: pred(self.latest()), timeout_s, what, interval_s=0.05)
         return True
 
     def stop(self) -> None:

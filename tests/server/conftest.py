@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from typing import Any
 
 import grpc
 import pytest
+from _wait import wait_until_async
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
 from opentelemetry.proto.common.v1 import common_pb2
@@ -179,21 +179,22 @@ class Agent:
             self.new.set()
 
     async def wait_for(self, pred, timeout: float = 5.0) -> pb.GuardMessage:
-        deadline = asyncio.get_running_loop().time() + timeout
-        seen = 0
-        while True:
-            for msg in self.messages[seen:]:
-                if pred(msg):
-                    return msg
-            seen = len(self.messages)
-            if self.error is not None:
+        """The first message received that matches ``pred``, awaited (bounded); the stream's
+        error, if it ended with one and no message matched."""
+
+        seen = 0  # messages already checked: each is checked once (some tests get thousands)
+
+        def match() -> pb.GuardMessage | None:
+            nonlocal seen
+            new, seen = self.messages[seen:], len(self.messages)
+            found = next((m for m in new if pred(m)), None)
+            if found is None and self.error is not None:
                 raise self.error
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                raise TimeoutError(f"no matching message; got {self.messages}")
-            self.new.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.new.wait(), left)
+            return found
+
+        return await wait_until_async(
+            match, timeout, lambda: f"a matching message; got {self.messages}", wake=self.new
+        )
 
     async def start_run(self, run_id: str, trace_id: bytes, **kw) -> pb.GuardMessage:
         self._req += 1
@@ -274,13 +275,3 @@ async def two_tenants(address: str) -> tuple[Agent, Agent]:
     await globex.connect(process_id="g")
     await globex.start_run("g1", trace_id_of(3))
     return acme, globex
-
-
-async def eventually(pred, timeout: float = 5.0) -> bool:
-    """Poll ``pred()`` on the running loop (the server shares it) until true or timeout."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True

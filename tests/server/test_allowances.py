@@ -5,11 +5,12 @@ spans that arrive after their run ended."""
 from __future__ import annotations
 
 import pytest
+from _wait import wait_until_async
 
 from guard.server import GuardServer
 from guard.v1 import guard_pb2 as pb
 
-from .conftest import AUTH, AUTH_ENV, Agent, config, eventually, model_span, trace_id_of
+from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, trace_id_of
 
 TENANTS = {"acme": {"rolling": [{"metric": "cost_usd", "limit": 1.0, "window_s": 3600}]}}
 
@@ -73,9 +74,9 @@ async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
         await _request(a, "r1", 1, 0.4)  # ceiling 0.5
         await a.export(model_span("r1", trace_id_of(1), **{"guard.cost.usd": 0.3}))
         # applied by the next refresh (sweep, grant or release), not on the ingest path
-        assert await eventually(lambda: abs(led.outstanding()[0] - 0.2) < 1e-9)
+        await wait_until_async(lambda: abs(led.outstanding()[0] - 0.2) < 1e-9)
         await a.end_run("r1", usage=pb.Usage(cost_usd=0.3))
-        assert await eventually(lambda: "r1" not in srv.registry.runs)
+        await wait_until_async(lambda: "r1" not in srv.registry.runs)
         assert led.outstanding()[0] == pytest.approx(0.0) and "r1" not in led
         # agent_lost: the stream drops and the grace period passes
         await a.start_run("r2", trace_id_of(2))  # starts with the tenant's last need: 0.4
@@ -83,7 +84,7 @@ async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
     finally:
         await a.close()
     srv.registry.grace_s = 0.0
-    assert await eventually(lambda: "r2" not in srv.registry.runs, timeout=5)
+    await wait_until_async(lambda: "r2" not in srv.registry.runs, 5)
     assert led.outstanding()[0] == pytest.approx(0.0)
 
 
@@ -98,7 +99,7 @@ async def test_spans_after_the_run_ended_still_count_and_consume_its_tail(srv):
         await a.export(model_span("r1", trace_id_of(1), **{"guard.cost.usd": 0.1}))
         # The agent says it spent 0.3: 0.2 is still on its way (held as the run's tail).
         await a.end_run("r1", usage=pb.Usage(cost_usd=0.3))
-        assert await eventually(lambda: "r1" not in srv.registry.runs)
+        await wait_until_async(lambda: "r1" not in srv.registry.runs)
         assert led.outstanding()[0] == pytest.approx(0.2)
         await a.export(model_span("r1", trace_id_of(1), **{"guard.cost.usd": 0.2}))
         assert tb.status(srv.registry.clock())[0][2] == pytest.approx(0.3)  # all of it counted

@@ -6,11 +6,12 @@ import asyncio
 
 import grpc
 import pytest
+from _wait import wait_until_async
 
 from guard.policy import DecidedBy, Reason, Status
 from guard.server import GuardServer
 
-from .conftest import Agent, config, eventually, model_span, step_span, tool_span, trace_id_of
+from .conftest import Agent, config, model_span, step_span, tool_span, trace_id_of
 
 
 async def test_admit_carries_tightest_limits(sink):
@@ -38,12 +39,12 @@ async def test_loop_run_is_cancelled_and_decision_records_latency(sink):
                 break
         msg = await agent.wait_for(lambda m: m.WhichOneof("body") == "cancel")
         assert msg.cancel.reason == "loop_detected"
-        assert await eventually(lambda: any(d.action == "cancel" for d in sink.decisions))
+        await wait_until_async(lambda: any(d.action == "cancel" for d in sink.decisions))
         rec = next(d for d in sink.decisions if d.action == "cancel")
         assert rec.reason == "loop_detected" and rec.delivery_latency_ms is not None
         assert rec.delivery_latency_ms >= 0
         await agent.end_run("loop", status="terminated", reason="loop_detected", decided_by="guard")
-        assert await eventually(lambda: sink.run("loop") is not None)
+        await wait_until_async(lambda: sink.run("loop") is not None)
         assert sink.run("loop").decided_by is DecidedBy.GUARD
         assert "loop" not in srv.registry.runs
         await agent.close()
@@ -148,12 +149,7 @@ async def test_agent_lost_after_grace(sink):
         await agent.connect()
         await agent.start_run("gone", trace_id_of(5))
         await agent.channel.close()  # the process dies
-        for _ in range(100):
-            if sink.run("gone") is not None:
-                break
-            await asyncio.sleep(0.05)
-        outcome = sink.run("gone")
-        assert outcome is not None
+        outcome = await wait_until_async(lambda: sink.run("gone"), 10, "gone's agent_lost record")
         assert (outcome.status, outcome.reason) == (Status.FAILED, Reason.AGENT_LOST)
         assert outcome.decided_by is DecidedBy.GUARD
         assert "gone" not in srv.registry.runs
@@ -191,11 +187,7 @@ async def test_reconnect_after_guard_restart_re_registers_live_runs(sink):
 
 
 async def _errored(agent: Agent) -> bool:
-    for _ in range(100):
-        if agent.error is not None:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    return await wait_until_async(lambda: agent.error is not None, 10, "the stream's error")
 
 
 async def test_operator_cancel_by_tenant(sink):

@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from _wait import wait_until
 
 from guard.cli._client import AdminClient
 from guard.server import MemorySink, ServerThread
@@ -66,13 +66,13 @@ def _start(*agents: AgentProc) -> None:
 def _wait_live(address: str, n: int, timeout: float = 15.0) -> None:
     # Connected runs only: after a restart, spans that beat the Hello make a provisional
     # (listed, not yet connected) run, and the tests want the agent's re-registration.
-    deadline = time.monotonic() + timeout
     with AdminClient(address) as c:
-        while time.monotonic() < deadline:
-            if sum(1 for r in c.list_runs().runs if r.connected) >= n:
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} connected live runs after {timeout}s")
+        wait_until(
+            lambda: sum(1 for r in c.list_runs().runs if r.connected) >= n,
+            timeout,
+            f"{n} connected live runs",
+            interval_s=0.05,
+        )
 
 
 def test_loop_in_agent_process_is_stopped_by_the_guard():

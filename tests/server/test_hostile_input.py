@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 
 import grpc
 import pytest
+from _wait import wait_until_async
 from grpc_health.v1 import health_pb2
 
 from guard.bounds import MAX_ID_CHARS, MAX_RUNS_PER_MESSAGE
@@ -231,14 +231,13 @@ async def test_stats_reports_loop_lag_to_the_admin_only(sink):
             response_deserializer=pb.StatsResponse.FromString,
         )
         admin = (("authorization", "Bearer admin-secret"),)
-        deadline = time.monotonic() + 5
-        while True:
+
+        async def sampled() -> pb.StatsResponse | None:
             resp = await stats(pb.StatsRequest(), metadata=admin)
-            if resp.figures["loop_lag_samples"] >= 2 or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.02)
+            return resp if resp.figures["loop_lag_samples"] >= 2 else None
+
+        resp = await wait_until_async(sampled, 10, "2 loop-lag samples in Stats")
         assert resp.guard_id == srv.guard_id
-        assert resp.figures["loop_lag_samples"] >= 2
         for name in ("loop_lag_max_ms", "loop_lag_p99_ms", "runs_tracked", "spans"):
             assert name in resp.figures and math.isfinite(resp.figures[name])
         with pytest.raises(grpc.aio.AioRpcError) as exc:

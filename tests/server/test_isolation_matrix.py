@@ -8,7 +8,6 @@ globex's run id is the answer for an id nobody has (same status, same words but 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -50,6 +49,25 @@ def _snapshot(srv: GuardServer, sink: Any, b: Agent) -> Any:
     told = [m.WhichOneof("body") for m in b.messages]
     window = srv.registry.budgets.status("globex")
     return runs, records, decisions, told, [(w.metric, w.used) for w in window.windows]
+
+
+_probes = iter(range(1, 1 << 20))
+
+
+async def _settled(srv: GuardServer, sink: Any, b: Agent) -> Any:
+    """The snapshot once whatever the guard had queued for globex's agent has arrived: a
+    barrier, not a sleep. A probe run's Admit comes down b's stream after any message queued
+    before it; the probe itself (its run, and what b was told about it) is left out."""
+    n = next(_probes)
+    probe = f"probe-{n}"
+    assert (await b.start_run(probe, trace_id_of(0xB100 + n))).WhichOneof("body") == "admit"
+    runs, records, decisions, _, window = _snapshot(srv, sink, b)
+    told = [
+        kind
+        for m in b.messages
+        if getattr(getattr(m, kind := m.WhichOneof("body")), "run_id", None) != probe
+    ]
+    return [r for r in runs if r[0] != probe], records, decisions, told, window
 
 
 def _same_words(a: str, b: str) -> bool:
@@ -212,8 +230,7 @@ async def test_run_naming_field_has_no_cross_tenant_effect(world, name, make):
     a = await _agent(srv, "A")
     before = _snapshot(srv, sink, b)
     foreign = await make(B_RUN)(srv, stub, a)
-    await asyncio.sleep(0.05)  # let any (wrong) directive reach globex's agent
-    assert _snapshot(srv, sink, b) == before, f"{name}: globex changed"
+    assert await _settled(srv, sink, b) == before, f"{name}: globex changed"
     unknown = await make(UNKNOWN)(srv, stub, a)
     assert foreign[0] == unknown[0], (name, foreign, unknown)
     assert _same_words(foreign[1], unknown[1]), (name, foreign, unknown)
@@ -262,7 +279,7 @@ async def test_selectors_naming_the_other_tenant(world):
         theirs, nobodys = [await _answer(c) for c in pair]
         assert theirs[0] == nobodys[0], (theirs, nobodys)
         assert theirs[1].replace("globex", "initech") == nobodys[1], (theirs, nobodys)
-    assert _snapshot(srv, sink, b) == before
+    assert await _settled(srv, sink, b) == before
     listed = await stub.ListRuns(pb.ListRunsRequest(), metadata=a.metadata)
     assert all(r.tenant == "acme" for r in listed.runs)
     await a.close()
@@ -288,7 +305,6 @@ async def test_run_started_reusing_another_tenants_live_run_id(world):
         assert reply.WhichOneof("body") == "deny"
         assert reply.deny.detail == "run_id is already in use"
     await a.export(*_spend(B_RUN, trace_id_of(0xA5)))
-    await asyncio.sleep(0.05)
-    assert _snapshot(srv, sink, b) == before
+    assert await _settled(srv, sink, b) == before
     assert srv.registry.runs[B_RUN].session.tenant == "globex"
     await a.close()

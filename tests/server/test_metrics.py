@@ -11,6 +11,7 @@ import sys
 
 import grpc
 import pytest
+from _wait import wait_until_async
 
 from guard.errors import ConfigError, GuardUnavailable
 from guard.policy import MetricsSettings, PolicyConfig
@@ -18,7 +19,7 @@ from guard.server import GuardServer
 from guard.server._metrics import OTHER_TENANTS, top_tenants
 
 from ._metrics_help import MetricsReceiver, scrape, scrape_until
-from .conftest import Agent, config, eventually, step_span, tool_span, trace_id_of
+from .conftest import Agent, config, step_span, tool_span, trace_id_of
 
 PROM = MetricsSettings(listen="127.0.0.1:0", top_tenants=1)
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -54,7 +55,7 @@ async def test_scrape_shows_spans_decisions_tenants_and_the_replica(sink):
         assert first.value("otel_guard_runs_live", tenant="globex") is None
         assert first.value("otel_guard_sessions") == 2
         sent = await _loop_cancel(acme, "a1", trace_id_of(1))
-        assert await eventually(lambda: any(d.action == "cancel" for d in sink.decisions))
+        await wait_until_async(lambda: any(d.action == "cancel" for d in sink.decisions))
         await acme.end_run("a1", status="terminated", reason="loop_detected", decided_by="guard")
         bad = grpc.aio.insecure_channel(srv.address)
         with pytest.raises(grpc.aio.AioRpcError):

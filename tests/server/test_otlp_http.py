@@ -12,6 +12,7 @@ import shutil
 import aiohttp
 import grpc
 import pytest
+from _wait import wait_until_async
 from google.rpc import status_pb2
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -355,19 +356,13 @@ async def test_slow_and_piling_up_bodies_are_bounded(srv):
     srv.http.budget.cap = big + 100
     srv.http.max_body_bytes = big  # let one request hold nearly the whole budget
     reader, writer = await _raw(srv.http.address, head + f"Content-Length: {big}\r\n\r\n".encode())
-    for _ in range(500):
-        if srv.http.budget.held:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: srv.http.budget.held, 10, "the slow body's bytes held")
     assert srv.http.budget.held == big
     code, headers, out = await post(url(srv), b"\0" * 200, PB)
     assert code == 429 and headers["Retry-After"] == "1" and "in flight" in status_of(out).message
     writer.close()
-    for _ in range(500):
-        if not srv.http.budget.held:
-            break
-        await asyncio.sleep(0.01)
-    assert srv.http.budget.held == 0  # given back when the client went away
+    # given back when the client went away
+    await wait_until_async(lambda: srv.http.budget.held == 0, 10, "the held bytes given back")
     assert (await post(url(srv), request().SerializeToString(), PB))[0] == 200
 
 

@@ -8,10 +8,12 @@ the exporter's retried spans (numbered with ``guard.seq``) around the agent's He
 
 from __future__ import annotations
 
+from _wait import wait_until_async
+
 from guard.server import GuardServer
 from guard.v1 import guard_pb2 as pb
 
-from .conftest import Agent, config, eventually, model_span, span, step_span, trace_id_of
+from .conftest import Agent, config, model_span, span, step_span, trace_id_of
 
 
 def _acks(agent: Agent, run_id: str) -> int:
@@ -30,11 +32,11 @@ async def test_run_ended_is_acknowledged_and_a_repeat_changes_nothing(sink, guar
     await agent.wait_for(lambda m: m.WhichOneof("body") == "record_ack")
     assert [o.run_id for o in sink.runs] == ["r1"]  # written before the ack
     await agent.end_run("r1", status="terminated", reason="max_steps", agent="bot")  # resend
-    assert await eventually(lambda: _acks(agent, "r1") == 2)
+    await wait_until_async(lambda: _acks(agent, "r1") == 2)
     assert [o.run_id for o in sink.runs] == ["r1"]
     # a record for a run this guard never saw (it ended while the guard was away) is written
     await agent.end_run("gone", status="completed", reason="final_answer", agent="bot")
-    assert await eventually(lambda: _acks(agent, "gone") == 1)
+    await wait_until_async(lambda: _acks(agent, "gone") == 1)
     assert sorted(o.run_id for o in sink.runs) == ["gone", "r1"]
     assert not [m for m in agent.messages if m.WhichOneof("body") == "ack"]  # never acked back
     await agent.close()
@@ -112,7 +114,7 @@ async def test_restored_nested_runs_are_set_not_added(sink, guard):
     parent = _live("p", trace_id_of(3), steps=10, seq=20)  # its usage holds the child's 4
     child = _live("c", trace_id_of(3), steps=4, seq=8, parent_run_id="p")
     await agent.connect(live_runs=[parent, child])
-    await eventually(lambda: "c" in guard.registry.runs)
+    await wait_until_async(lambda: "c" in guard.registry.runs)
     assert guard.registry.runs["p"].budget.usage().steps == 10
     assert guard.registry.runs["c"].budget.usage().steps == 4
     await agent.close()
@@ -139,7 +141,7 @@ async def test_hello_ended_runs_drop_the_exporters_retries(sink, guard):
     # r5's record was acknowledged by the guard before its restart; its spans come again
     await agent.export(*_numbered("r5", tid, range(1, 5)), _run_span("r5", tid))
     await agent.connect(ended_runs=["r5"])
-    assert await eventually(lambda: "r5" not in guard.registry.runs)
+    await wait_until_async(lambda: "r5" not in guard.registry.runs)
     await agent.export(*_numbered("r5", tid, range(1, 5)), _run_span("r5", tid))
     assert "r5" not in guard.registry.runs
     assert sink.runs == []  # its one record is the one the earlier guard holds
@@ -154,7 +156,7 @@ async def test_a_run_whose_agent_never_returns_is_recorded_once_with_its_identit
         await agent.export(*_numbered("r6", tid, range(2, 5)))  # a model span came first
         await agent.export(_run_span("r6", tid, reason="loop_detected"))
         await agent.export(*_numbered("r7", trace_id_of(7), range(1, 4)))
-        assert await eventually(lambda: len(sink.runs) == 2)
+        await wait_until_async(lambda: len(sink.runs) == 2)
         by_id = {o.run_id: o for o in sink.runs}
         r6, r7 = by_id["r6"], by_id["r7"]
         assert (r6.tenant, r6.agent, r6.reason.value, r6.decided_by.value) == (
@@ -198,6 +200,6 @@ async def test_provisional_spans_are_bounded_in_total(sink, guard, monkeypatch):
     await agent.export(*_numbered("m2", trace_id_of(10), range(1, 5)))
     assert reg.provisional_spans == 3 and reg.stats["provisional_spans_dropped"] == 5
     await agent.connect(ended_runs=["m1", "m2"])  # dropping them releases what they held
-    assert await eventually(lambda: reg.provisional_spans == 0)
+    await wait_until_async(lambda: reg.provisional_spans == 0)
     assert not {"m1", "m2"} & set(reg.runs)
     await agent.close()

@@ -10,6 +10,7 @@ import sys
 import time
 
 import grpc
+from _wait import wait_until_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -36,10 +37,7 @@ async def test_report_reads_the_attached_store(tmp_path):
                 started_at_unix=time.time() - 1,
                 ended_at_unix=time.time(),
             )
-            for _ in range(100):
-                if "s1" in srv.registry.ended:
-                    break
-                await asyncio.sleep(0.02)
+            await wait_until_async(lambda: "s1" in srv.registry.ended, 10, "s1's end applied")
             await asyncio.to_thread(store.flush, 10.0)
             with AdminClient(srv.address) as c:
                 report = await asyncio.to_thread(c.report)
@@ -86,7 +84,7 @@ def test_serve_prints_address_and_drains_on_sigterm(tmp_path):
             "--no-store",
             "--json",
             "--drain-s",
-            "3",
+            "60",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -96,10 +94,9 @@ def test_serve_prints_address_and_drains_on_sigterm(tmp_path):
         info = json.loads(proc.stdout.readline())
         with AdminClient(info["address"]) as c:
             assert c.list_runs().total == 0
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-        assert time.monotonic() - t0 < 3 + 2
+        # nothing in flight: the drain ends at once, not at its 60 s bound (the wait is shorter)
+        assert proc.wait(30) == 0
         assert "draining" in proc.stderr.read()
     finally:
         if proc.poll() is None:

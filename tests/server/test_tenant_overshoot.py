@@ -6,9 +6,8 @@ call per run in flight. And the guard's window ends equal to what the runs reall
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from _wait import wait_until
 
 from guard.cli._client import AdminClient
 from guard.server import MemorySink, ServerThread
@@ -34,12 +33,15 @@ def test_32_runs_in_4_processes_do_not_oversell_the_tenant(mode: str, bound_usd:
         assert calls * PRICE == pytest.approx(spent)
         assert spent >= LIMIT / 2, spent  # the tenant's budget was actually spent
         # Every span reaches the guard's window, late ones included (bounded wait).
-        deadline = time.monotonic() + 10
         with AdminClient(srv.address) as admin:
-            while time.monotonic() < deadline:
+
+            def used() -> float:
                 (tb,) = admin.tenant_budgets("acme").tenants
-                used = tb.windows[0].used
-                if abs(used - spent) < 1e-6:
-                    break
-                time.sleep(0.05)
-        assert used == pytest.approx(spent, abs=1e-6)
+                return tb.windows[0].used
+
+            wait_until(
+                lambda: abs(used() - spent) < 1e-6,
+                10,
+                lambda: f"acme's window to hold the {spent} USD spent (used {used()})",
+                interval_s=0.05,
+            )

@@ -7,11 +7,13 @@ import json
 import subprocess
 import sys
 
+from _wait import wait_until_async
+
 from guard.cli._client import AdminClient
 from guard.policy import DecidedBy, Reason
 from guard.server import GuardServer, MemorySink, ServerThread
 
-from .conftest import Agent, config, eventually, model_span, trace_id_of
+from .conftest import Agent, config, model_span, trace_id_of
 
 TENANTS = {
     "acme": {
@@ -43,7 +45,7 @@ async def test_shared_rolling_cost_cancels_all_processes_and_denies_new(sink):
             budgets = await asyncio.to_thread(c.tenant_budgets, "acme")
         acme = budgets.tenants[0]
         assert acme.exhausted and acme.windows[0].used >= 1.0
-        assert await eventually(lambda: sum(d.action == "cancel" for d in sink.decisions) == 2)
+        await wait_until_async(lambda: sum(d.action == "cancel" for d in sink.decisions) == 2)
         assert {d.reason for d in sink.decisions if d.action == "deny"} == {"tenant_budget"}
         await a.close()
         await b.close()
@@ -58,7 +60,7 @@ async def test_concurrency_cap_and_slot_release(sink):
         ]
         assert kinds == ["admit", "admit", "admit", "deny"]
         await a.end_run("r0")
-        assert await eventually(lambda: "r0" not in srv.registry.runs)
+        await wait_until_async(lambda: "r0" not in srv.registry.runs)
         assert (await a.start_run("r9", trace_id_of(30))).WhichOneof("body") == "admit"
         await a.close()
 
