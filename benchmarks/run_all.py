@@ -21,7 +21,21 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (script, full args, quick args)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
-    "ingest": ("bench_ingest.py", [], ["--requests", "40"]),
+    # the fleet-shaped load (DESIGN §5), median of 5 trials, the pure-Python guard beside it
+    "ingest": ("bench_ingest.py", ["--pure-python"], ["--runs", "1", "--requests", "40"]),
+    # the synthetic load of the earlier issues, to compare with their figures
+    "ingest_simple": (
+        "bench_ingest.py",
+        ["--load", "simple"],
+        ["--load", "simple", "--requests", "40"],
+    ),
+    "http_ingest": ("bench_http_ingest.py", [], ["--requests", "40", "--json-requests", "5"]),
+    "redis_ingest": (
+        "bench_redis_ingest.py",
+        ["--pairs", "3"],
+        ["--pairs", "1", "--requests", "40"],
+    ),
+    "replicas_scaling": ("bench_replicas_scaling.py", [], ["--trials", "1", "--requests", "40"]),
     "cancel_latency": ("bench_cancel_latency.py", [], ["--runs", "30"]),
     "sdk_waits": ("bench_sdk_waits.py", [], ["--runs", "10"]),
     "sdk_overhead": ("bench_sdk_overhead.py", [], ["--steps", "300", "--rounds", "3"]),
@@ -33,6 +47,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         "bench_reservations.py",
         [],
         ["--trials", "1", "--calls", "300", "--repeat", "1"],
+    ),
+    "reservations_replicas": (
+        "bench_reservations.py",
+        ["--parts", "tenant", "--trials", "3", "--replicas", "3"],
+        ["--parts", "tenant", "--trials", "1", "--replicas", "3"],
     ),
 }
 
