@@ -77,6 +77,27 @@ Prepare = Callable[[Run, dict[str, Any]], Request]
 After = Callable[[ModelCall, Any, Any, bool], Any]
 
 
+def _read(prepare: Prepare, run: Run, kwargs: dict[str, Any]) -> Request | None:
+    try:
+        return prepare(run, kwargs)
+    except RunStopped:
+        raise
+    except Exception:
+        note_error("reading a model request")  # the call goes on unguarded
+        return None
+
+
+def _handed_back(after: After, call: ModelCall, result: Any, note: Any, is_async: bool) -> Any:
+    try:
+        return after(call, result, note, is_async)
+    except RunStopped:
+        raise
+    except Exception:
+        note_error("recording a model call")  # the caller gets the client's own result
+        call.abandon()
+        return result
+
+
 def wrap_method(
     orig: Callable[..., Any], *, is_async: bool, prepare: Prepare, after: After
 ) -> Callable[..., Any]:
@@ -88,11 +109,13 @@ def wrap_method(
             run = active_run()
             if run is None:
                 return await orig(self, *args, **kwargs)
-            req = prepare(run, kwargs)
-            call = await abegin_model_call(
-                run, model=req.model, max_tokens=req.max_tokens, operation=req.operation
-            )
-            if call is None:
+            req = _read(prepare, run, kwargs)
+            call = None
+            if req is not None:
+                call = await abegin_model_call(
+                    run, model=req.model, max_tokens=req.max_tokens, operation=req.operation
+                )
+            if call is None:  # req is None too, or the guard side failed: unguarded
                 return await orig(self, *args, **kwargs)
             try:
                 with call.attached():
@@ -100,7 +123,7 @@ def wrap_method(
             except BaseException as exc:
                 call.fail(exc)
                 raise
-            return after(call, result, req.note, True)
+            return _handed_back(after, call, result, req.note, True)
 
         acall_model.__guard_original__ = orig  # type: ignore[attr-defined]
         return acall_model
@@ -110,10 +133,12 @@ def wrap_method(
         run = active_run()
         if run is None:
             return orig(self, *args, **kwargs)
-        req = prepare(run, kwargs)
-        call = begin_model_call(
-            run, model=req.model, max_tokens=req.max_tokens, operation=req.operation
-        )
+        req = _read(prepare, run, kwargs)
+        call = None
+        if req is not None:
+            call = begin_model_call(
+                run, model=req.model, max_tokens=req.max_tokens, operation=req.operation
+            )
         if call is None:
             return orig(self, *args, **kwargs)
         try:
@@ -122,7 +147,7 @@ def wrap_method(
         except BaseException as exc:
             call.fail(exc)
             raise
-        return after(call, result, req.note, False)
+        return _handed_back(after, call, result, req.note, False)
 
     call_model.__guard_original__ = orig  # type: ignore[attr-defined]
     return call_model

@@ -432,3 +432,44 @@ def test_tools_the_loop_records_itself_are_not_counted_again(sink, llm) -> None:
 
     u = agent()
     assert (u.model_calls, u.tool_calls) == (3, 2)
+
+
+def test_a_guard_side_failure_never_breaks_the_call(sink, llm, monkeypatch) -> None:
+    from guard.integrations import anthropic as integration
+    from guard.integrations._base import errors
+
+    guard.instrument("anthropic")
+
+    def broken(u: Any) -> Any:
+        raise RuntimeError("guard bug")
+
+    monkeypatch.setattr(integration, "usage", broken)
+    llm.script = [text("hi", input=5, output=1)]
+    before = errors().get("recording a model call", 0)
+
+    @guard.run(agent="robust")
+    def agent() -> str:
+        return _client(llm, "sync").messages.create(model=MODEL, messages=[ASK], max_tokens=16)
+
+    assert agent().content[0].text == "hi" and llm.count == 1  # the client's own reply
+    assert errors().get("recording a model call", 0) == before + 1  # logged and counted
+
+
+def test_the_example_runs_with_one_line_of_guard_code(llm) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _llm_server import _demo
+
+    llm.script = _demo  # a model that keeps rephrasing a search that finds nothing
+    example = Path(__file__).resolve().parents[2] / "examples" / "anthropic_client.py"
+    env = {**os.environ, "ANTHROPIC_BASE_URL": llm.anthropic_base_url, "ANTHROPIC_API_KEY": "t"}
+    env.pop("OTEL_GUARD_ENDPOINT", None)
+    out = subprocess.run(
+        [sys.executable, str(example)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("terminated loop_detected after 5 model calls"), out.stdout
+    assert llm.count == 5
