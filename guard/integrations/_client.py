@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -165,14 +166,28 @@ class Patches:
     def replace(self, cls: type, attr: str, wrap: Callable[[Any], Any]) -> None:
         """``cls.attr = wrap(original)``, when ``cls`` defines ``attr`` itself."""
         orig = cls.__dict__.get(attr)
-        if orig is not None:
-            setattr(cls, attr, wrap(orig))
-            self._done.append((cls, attr, orig))
+        if orig is None:
+            return
+        setattr(cls, attr, wrap(orig if type(orig) is types.FunctionType else _bound(orig)))
+        self._done.append((cls, attr, orig))
 
     def restore(self) -> None:
         while self._done:
             cls, attr, orig = self._done.pop()
             setattr(cls, attr, orig)
+
+
+def _bound(descriptor: Any) -> Callable[..., Any]:
+    """An attribute that is not a plain function, such as another instrumentation's wrapper
+    (OpenLLMetry's ``wrapt`` function wrappers), is called bound to the instance, as the class
+    would: called from the class with ``self`` as an argument, it sees no instance. (``type``,
+    not ``isinstance``: a ``wrapt`` proxy passes itself off as the function it wraps.)"""
+
+    @functools.wraps(descriptor)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return descriptor.__get__(self, type(self))(*args, **kwargs)
+
+    return call
 
 
 class Reader(Protocol):
@@ -225,6 +240,14 @@ class _Guarded:
 
     def __init__(self, stream: Any, call: ModelCall, reader: Reader) -> None:
         self._stream, self._call, self._reader = stream, call, reader
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # isinstance(guarded, Stream) holds, as for the stream it wraps: an instrumentation
+        # wrapping the guarded method (OpenLLMetry, set up after guard.instrument()) then
+        # recognises the stream, reads its events and reports the call's usage and id, so
+        # its span is matched to this call instead of counted as another, empty one.
+        return type(self._stream)
 
     def __getattr__(self, name: str) -> Any:
         if name in _OWN:  # not set yet (a failed __init__): never recurse

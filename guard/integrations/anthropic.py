@@ -171,11 +171,11 @@ def _wrap_helper(orig: Any, *, is_async: bool) -> Any:
 
     @functools.wraps(orig)
     def stream(self: Any, *args: Any, **kwargs: Any) -> Any:
-        manager = orig(self, *args, **kwargs)
-        attr = _REQUEST_ATTR[is_async]
-        request = getattr(manager, attr, None)
+        returned = orig(self, *args, **kwargs)
+        manager, attr = _manager(returned, is_async), _REQUEST_ATTR[is_async]
+        request = vars(manager).get(attr) if manager is not None else None
         if request is None:  # another client version: left unguarded, never broken
-            return manager
+            return returned
         if is_async:
 
             async def send(_self: Any, **_kw: Any) -> Any:
@@ -191,10 +191,27 @@ def _wrap_helper(orig: Any, *, is_async: bool) -> Any:
         else:
             guarded = wrap_method(lambda _self, **_kw: request(), **_guarding(False))
             setattr(manager, attr, functools.partial(guarded, None, **kwargs))
-        return manager
+        return returned
 
     stream.__guard_original__ = orig  # type: ignore[attr-defined]
     return stream
+
+
+def _manager(obj: Any, is_async: bool) -> Any:
+    """The client's own stream manager in what ``stream()`` returned: itself, or the one an
+    instrumentation that wrapped ``stream`` before ``guard.instrument()`` wrapped in turn
+    (OpenLLMetry's ``WrappedMessageStreamManager`` keeps it as ``_stream_manager``)."""
+    from anthropic.lib.streaming import AsyncMessageStreamManager, MessageStreamManager
+
+    cls = AsyncMessageStreamManager if is_async else MessageStreamManager
+    for _ in range(4):
+        if type(obj) is cls:
+            return obj
+        held = vars(obj) if hasattr(obj, "__dict__") else {}
+        obj = held.get("_stream_manager", getattr(obj, "__wrapped__", None))
+        if obj is None:
+            return None
+    return None
 
 
 def _guarding(is_async: bool) -> dict[str, Any]:

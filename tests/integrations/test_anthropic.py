@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 from typing import Any
 
 import anthropic
@@ -473,3 +474,50 @@ def test_the_example_runs_with_one_line_of_guard_code(llm) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("terminated loop_detected after 5 model calls"), out.stdout
     assert llm.count == 5
+
+
+@pytest.mark.parametrize("first", ["guard", "openllmetry"])
+@pytest.mark.parametrize("how", HOWS)
+def test_openllmetry_as_a_second_reporter_in_either_order(sink, llm, first, how) -> None:
+    """OpenLLMetry's anthropic instrumentation wraps the same methods: set up before
+    ``guard.instrument()`` (the guard's wrapper calls its ``wrapt`` wrapper, bound) or after
+    (it wraps the guard's, and recognises the guarded stream), each call is guarded and
+    counted once, its span matched to the integration's record."""
+    oll = pytest.importorskip("opentelemetry.instrumentation.anthropic")
+    instrumentor = oll.AnthropicInstrumentor()
+    if first == "guard":
+        guard.instrument("anthropic")
+    instrumentor.instrument(tracer_provider=sink.provider)
+    try:
+        guard.instrument("anthropic")
+        llm.script = [text("ok", input=120, output=30, cached=20, cache_write=10)]
+        client = _client(llm, "sync", open_telemetry=False)  # OpenLLMetry is the second one
+
+        @guard.run(agent="openllmetry")
+        def agent() -> Any:
+            _ask_sync(client, how, [ASK], max_tokens=64)
+            return guard.current_run().usage()
+
+        before = guard.stats()
+        u = agent()
+        after = guard.stats()
+    finally:  # each unwraps its own layer: the last one on comes off first
+        if first == "guard":
+            instrumentor.uninstrument()
+        guard.uninstrument()
+        if first != "guard":
+            instrumentor.uninstrument()
+    from anthropic.resources.messages.messages import Messages
+
+    create = vars(Messages)["create"]  # both layers off again, in either order
+    assert type(create) is types.FunctionType and not hasattr(create, "__guard_original__")
+    assert len(sink.named("anthropic.chat")) == 1  # OpenLLMetry reported the call
+    assert (u.model_calls, u.steps, u.input_tokens, u.output_tokens, u.cached_tokens) == (
+        1,
+        1,
+        120,
+        30,
+        20,
+    )
+    assert after["foreign_duplicates"] == before.get("foreign_duplicates", 0) + 1
+    assert after.get("foreign_model_calls", 0) == before.get("foreign_model_calls", 0)
