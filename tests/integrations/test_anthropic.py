@@ -12,6 +12,7 @@ from typing import Any
 import anthropic
 import pytest
 from _llm_server import LLMServer, error, text, tool
+from test_openai import _cancel_when_held, _wait  # the same cancel choreography as there
 
 import guard
 from guard.server import MemorySink, ServerThread
@@ -189,17 +190,6 @@ def test_the_request_max_tokens_is_reserved_before_the_call_leaves(sink, llm) ->
     assert llm.count == 1 and stop.value.outcome.input_tokens == 10
 
 
-def _cancel_when_held(gate: Any, runs: list[Any]) -> threading.Thread:
-    def go() -> None:
-        assert gate.arrived.wait(10)
-        runs[0].cancel("user_cancel")
-        gate.release()
-
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    return t
-
-
 @pytest.mark.parametrize(("mode", "how"), VARIANTS, ids=IDS)
 def test_at_most_the_call_in_flight_completes_after_a_cancel(sink, llm, mode, how) -> None:
     guard.instrument("anthropic")
@@ -216,7 +206,7 @@ def test_at_most_the_call_in_flight_completes_after_a_cancel(sink, llm, mode, ho
             while True:
                 _ask_sync(client, how, [ASK])
 
-        t = _cancel_when_held(gate, runs)
+        t = _cancel_when_held(gate, runs, lambda r: r.cancel("user_cancel"))
         with pytest.raises(guard.RunStopped) as stop:
             agent()
     else:
@@ -227,7 +217,7 @@ def test_at_most_the_call_in_flight_completes_after_a_cancel(sink, llm, mode, ho
             while True:
                 await _ask_async(client, how, [ASK])
 
-        t = _cancel_when_held(gate, runs)
+        t = _cancel_when_held(gate, runs, lambda r: r.cancel("user_cancel"))
         with pytest.raises(guard.RunStopped) as stop:
             asyncio.run(aagent())
     t.join(10)
@@ -321,15 +311,6 @@ def test_a_real_guard_cancel_stops_a_sync_loop_with_exact_tokens_in_the_stored_r
         assert seen.get("foreign_duplicates", 0) == (1 if client_spans else 0), seen
         assert seen.get("foreign_model_calls", 0) == 0, seen
         guard.shutdown()
-
-
-def _wait(pred: Any, timeout_s: float = 10.0) -> bool:
-    ev = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if pred():
-            return True
-        ev.wait(0.01)
-    return False
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
