@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from guard.integrations._base import ModelCall, Usage
+from guard.integrations._base import ModelCall, Usage, note_error
 from guard.integrations._client import (
     GuardedAsyncStream,
     GuardedRaw,
@@ -172,29 +172,37 @@ def _wrap_helper(orig: Any, *, is_async: bool) -> Any:
     @functools.wraps(orig)
     def stream(self: Any, *args: Any, **kwargs: Any) -> Any:
         returned = orig(self, *args, **kwargs)
-        manager, attr = _manager(returned, is_async), _REQUEST_ATTR[is_async]
-        request = vars(manager).get(attr) if manager is not None else None
-        if request is None:  # another client version: left unguarded, never broken
-            return returned
-        if is_async:
-
-            async def send(_self: Any, **_kw: Any) -> Any:
-                return await request
-
-            async def guarded_request() -> Any:
-                try:
-                    return await wrap_method(send, **_guarding(True))(None, **kwargs)
-                finally:
-                    request.close()  # a refused call never sent it: no "never awaited" warning
-
-            setattr(manager, attr, guarded_request())
-        else:
-            guarded = wrap_method(lambda _self, **_kw: request(), **_guarding(False))
-            setattr(manager, attr, functools.partial(guarded, None, **kwargs))
+        try:
+            _rewire(returned, is_async, kwargs)
+        except Exception:
+            note_error("guarding an anthropic stream helper")  # it goes on unguarded
         return returned
 
     stream.__guard_original__ = orig  # type: ignore[attr-defined]
     return stream
+
+
+def _rewire(returned: Any, is_async: bool, kwargs: dict[str, Any]) -> None:
+    """Make the helper's request, when it is entered, a guarded call with ``kwargs``."""
+    manager, attr = _manager(returned, is_async), _REQUEST_ATTR[is_async]
+    request = vars(manager).get(attr) if manager is not None else None
+    if request is None:  # another client version: left unguarded, never broken
+        return
+    if is_async:
+
+        async def send(_self: Any, **_kw: Any) -> Any:
+            return await request
+
+        async def guarded_request() -> Any:
+            try:
+                return await wrap_method(send, **_guarding(True))(None, **kwargs)
+            finally:
+                request.close()  # a refused call never sent it: no "never awaited" warning
+
+        setattr(manager, attr, guarded_request())
+    else:
+        guarded = wrap_method(lambda _self, **_kw: request(), **_guarding(False))
+        setattr(manager, attr, functools.partial(guarded, None, **kwargs))
 
 
 def _manager(obj: Any, is_async: bool) -> Any:
