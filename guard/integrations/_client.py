@@ -334,10 +334,13 @@ class GuardedAsyncStream(_Guarded):
         return self
 
     async def _stop(self, cause: BaseException | None = None) -> None:
-        try:
-            await self._stream.close()
-        except Exception:
-            note_error("closing a model stream")
+        try:  # recorded first: the run's task is being cancelled, and that lands at the close
+            self._record()
+        finally:
+            try:
+                await self._stream.close()
+            except Exception:
+                note_error("closing a model stream")
         self._raise_stop(cause)
 
     async def __anext__(self) -> Any:

@@ -5,8 +5,10 @@ server's Messages endpoint: sync and async; ``create``, ``create(stream=True)`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -239,8 +241,7 @@ def test_a_stream_raises_at_the_next_event_after_a_cancel_and_closes_the_respons
         for event in events:
             seen.append(event)
             if len(seen) == 1:
-                guard.current_run().cancel("user_cancel")
-                gate.release()
+                guard.current_run().cancel("user_cancel")  # the gate still holds the rest
 
     @guard.run(agent="streamer")
     def agent() -> None:
@@ -250,13 +251,58 @@ def test_a_stream_raises_at_the_next_event_after_a_cancel_and_closes_the_respons
             with client.messages.stream(model=MODEL, messages=[ASK], max_tokens=64) as s:
                 read(s)  # the helper's events come off the guarded raw stream
 
-    with pytest.raises(guard.RunStopped) as stop:
+    with _held(gate), pytest.raises(guard.RunStopped) as stop:
         agent()
-    o = stop.value.outcome
+    _cut(stop.value.outcome, seen, gate, llm)
+
+
+@contextlib.contextmanager
+def _held(gate: Any) -> Iterator[None]:
+    """The server holds the rest of the stream while the client should close it: a guard that
+    did not would block on the next event, so the gate opens by itself after 10 s (the test
+    then fails on what it read), and on the way out."""
+    watchdog = threading.Timer(10.0, gate.release)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+        gate.release()
+
+
+def _cut(o: Any, seen: list[Any], gate: Any, llm: LLMServer) -> None:
     assert o.reason == "user_cancel" and len(seen) == 1
     assert gate.disconnected.wait(10)  # the HTTP response was closed, not read to its end
     assert o.model_calls == 1 and llm.count == 1
     assert o.input_tokens == 50  # message_start's usage, seen before the cut
+
+
+@pytest.mark.parametrize("how", ["stream", "helper"])
+def test_an_async_stream_is_cut_by_a_cancel_too(sink, llm, how) -> None:
+    guard.instrument("anthropic")
+    llm.script = [text("a long answer that keeps streaming " * 4, input=50, output=40)]
+    gate = llm.hold(after_events=3)
+    client = _client(llm, "async")
+    seen: list[Any] = []
+
+    async def read(events: Any) -> None:
+        async for event in events:
+            seen.append(event)
+            if len(seen) == 1:
+                guard.current_run().cancel("user_cancel")  # the gate still holds the rest
+
+    @guard.run(agent="streamer")
+    async def agent() -> None:
+        kw = {"model": MODEL, "messages": [ASK], "max_tokens": 64}
+        if how == "stream":
+            await read(await client.messages.create(**kw, stream=True))
+        else:
+            async with client.messages.stream(**kw) as s:
+                await read(s)
+
+    with _held(gate), pytest.raises(guard.RunStopped) as stop:
+        asyncio.run(agent())
+    _cut(stop.value.outcome, seen, gate, llm)
 
 
 @pytest.mark.parametrize("client_spans", [False, True], ids=["integration", "two-reporters"])
