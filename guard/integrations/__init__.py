@@ -24,6 +24,7 @@ __all__ = ["KNOWN", "enabled", "instrument", "uninstrument"]
 # name -> (library import name, integration module, extra). Order = the order they turn on.
 KNOWN: dict[str, tuple[str, str, str]] = {
     "openai": ("openai", "guard.integrations.openai", "openai"),
+    "anthropic": ("anthropic", "guard.integrations.anthropic", "anthropic"),
     "openai_agents": ("agents", "guard.integrations.openai_agents", "openai-agents"),
     "pydantic_ai": ("pydantic_ai", "guard.integrations.pydantic_ai", "pydantic-ai"),
     "langchain": ("langchain_core", "guard.integrations.langgraph", "langgraph"),

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import threading
 import time
@@ -40,9 +39,11 @@ from opentelemetry import context as otel_context
 
 from guard.errors import RunStopped
 from guard.sdk._config import get_settings
+from guard.sdk._decorator import agent_spec
 from guard.sdk._foreign import note_integrated
 from guard.sdk._reserve import current_reservation, make_reservation
 from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._scope import RunScope
 from guard.sdk._step import Step, _current_step, current_step
 
 __all__ = [
@@ -97,7 +98,7 @@ def active_run() -> Run | None:
 # -- runs ------------------------------------------------------------------------------------
 def _swallowed(run: Run, exc: BaseException | None) -> None:
     """Raise ``RunStopped`` for a stop the framework swallowed or wrapped (sticky stops)."""
-    if run.stopped is not None or run.cancelled or run._pending is not None:
+    if run.stopped is not None or run.cancelled or run.stop_pending:
         try:
             run.check_stop()
         except RunStopped as stop:
@@ -132,9 +133,8 @@ def in_run(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     if run is None:
         if get_settings().disabled:
             return fn(*args, **kwargs)
-        from guard.sdk._decorator import run as guard_run
-
-        return guard_run(agent=agent)(functools.partial(in_run, agent, fn))(*args, **kwargs)
+        with RunScope(agent_spec(agent)):  # a run of its own, named after the agent
+            return in_run(agent, fn, *args, **kwargs)
     with _framework_run(run):
         return fn(*args, **kwargs)
 
@@ -145,12 +145,8 @@ async def in_run_async(agent: str, fn: Callable[..., Any], *args: Any, **kwargs:
     if run is None:
         if get_settings().disabled:
             return await fn(*args, **kwargs)
-        from guard.sdk._decorator import run as guard_run
-
-        async def body(*a: Any, **kw: Any) -> Any:
-            return await in_run_async(agent, fn, *a, **kw)
-
-        return await guard_run(agent=agent)(body)(*args, **kwargs)
+        async with RunScope(agent_spec(agent)):
+            return await in_run_async(agent, fn, *args, **kwargs)
     with _framework_run(run):
         return await fn(*args, **kwargs)
 

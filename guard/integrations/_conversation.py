@@ -2,8 +2,10 @@
 
 A loop on the plain ``openai`` client runs the tools itself, so no integration sees them run.
 It does send each result back to the model: a chat request carries the assistant message
-with its ``tool_calls`` and a ``role: "tool"`` message per result, and a responses request
-carries ``function_call`` / ``function_call_output`` items. :func:`note_tools`, called before
+with its ``tool_calls`` and a ``role: "tool"`` message per result, a responses request
+carries ``function_call`` / ``function_call_output`` items, and an Anthropic Messages request
+carries ``tool_use`` content blocks in the assistant turns and ``tool_result`` blocks (by
+``tool_use_id``) in the user turns that answer them. :func:`note_tools`, called before
 each guarded model call, records every tool call whose result a request carries for the first
 time (fingerprinted in-process through :func:`~guard.integrations._base.admit_tool`, so loop
 detection sees it and no raw argument leaves), so ``guard.instrument()`` plus ``@guard.run``
@@ -23,6 +25,7 @@ from typing import Any
 
 from guard.errors import RunStopped
 from guard.integrations._base import admit_tool, note_error
+from guard.integrations._client import field as _get
 
 __all__ = ["note_tools"]
 
@@ -40,13 +43,22 @@ class _State:
 _states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 
 
-def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
 def _results(api: str, kw: dict[str, Any]) -> Iterator[tuple[str, Any, Any, Any]]:
     """(call id, tool name, arguments, result) of each tool result the request carries."""
     asked: dict[Any, tuple[Any, Any]] = {}
+    if api == "anthropic":
+        for m in kw.get("messages") or ():
+            blocks = _get(m, "content")
+            if isinstance(blocks, str) or not isinstance(blocks, list | tuple):
+                continue  # plain text (or a block iterator, left unread for the caller)
+            for b in blocks:
+                kind = _get(b, "type")
+                if kind == "tool_use":  # dicts, or the client's ToolUseBlock sent back as is
+                    asked[_get(b, "id")] = (_get(b, "name"), _get(b, "input"))
+                elif kind == "tool_result" and _get(b, "tool_use_id") in asked:
+                    cid = _get(b, "tool_use_id")
+                    yield cid, *asked[cid], _get(b, "content")
+        return
     if api == "chat":
         for m in kw.get("messages") or ():
             role = _get(m, "role")

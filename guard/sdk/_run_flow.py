@@ -78,6 +78,16 @@ class RunFlow:
         ) -> Outcome: ...
 
     # -- before new work --------------------------------------------------------------------
+    @property
+    def interrupted(self) -> bool:
+        """Whether an interrupt (a cancel, a guard stop, the deadline) is waiting to be raised."""
+        return self._interrupt is not None
+
+    @property
+    def stop_pending(self) -> bool:
+        """Whether a stop decided by the policy is waiting for the next check."""
+        return self._pending is not None
+
     def check_stop(self) -> None:
         """Raise ``RunStopped`` for an interrupt or a pending stop (no new policy evaluation)."""
         intr = self._interrupt

@@ -1,8 +1,9 @@
 """A scripted OpenAI-compatible HTTP server for integration tests (no network, no key).
 
 Real HTTP on 127.0.0.1:0 (``aiohttp.web`` in a thread with its own event loop), serving
-``POST /v1/chat/completions`` and ``POST /v1/responses`` as JSON or, with ``stream: true``,
-as server-sent events, with usage (input / output / cached / reasoning tokens)::
+``POST /v1/chat/completions``, ``POST /v1/responses`` and Anthropic's ``POST /v1/messages``
+(``_llm_anthropic``) as JSON or, with ``stream: true``, as server-sent events, with usage
+(input / output / cached / reasoning tokens; cache writes for Anthropic)::
 
     with LLMServer([tool("lookup", {"q": "a"}), text("done")]) as llm:
         client = openai.OpenAI(base_url=llm.base_url, api_key="test", max_retries=0)
@@ -11,7 +12,7 @@ as server-sent events, with usage (input / output / cached / reasoning tokens)::
 
 The *script* answers each request: a list of replies (served in order; the last one repeats
 once the list is used up) or a function ``(request json, api) -> Reply`` where ``api`` is
-``"chat"`` or ``"responses"`` (e.g. a tool call with new arguments every time). The server
+``"chat"``, ``"responses"`` or ``"anthropic"`` (e.g. a tool call with new arguments every time). The server
 counts requests (``count``, ``requests``) so a test can assert how many model calls happened
 after a cancel, and ``hold()`` makes the next request wait until released, so a cancel can land
 while a call is in flight (``gate.arrived`` is set once the request is held; for a stream,
@@ -36,12 +37,14 @@ __all__ = ["Gate", "LLMServer", "Reply", "Usage", "error", "text", "tool"]
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
-    """Token usage of one reply; ``input`` includes ``cached``, ``output`` includes ``reasoning``."""
+    """Token usage of one reply; ``input`` includes ``cached`` (and ``cache_write``, which only
+    the Anthropic endpoint reports), ``output`` includes ``reasoning``."""
 
     input: int = 10
     output: int = 5
     cached: int = 0
     reasoning: int = 0
+    cache_write: int = 0
 
     @property
     def total(self) -> int:
@@ -76,6 +79,8 @@ def tool(name: str, arguments: dict[str, Any] | None = None, **usage: int) -> Re
 def error(status: int = 500, message: str = "scripted failure") -> Reply:
     return Reply(status=status, error_message=message)
 
+
+_ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp-", "anthropic": "msg_"}
 
 Script = Sequence[Reply] | Callable[[dict[str, Any], str], Reply]
 
@@ -121,6 +126,11 @@ class LLMServer:
         """What ``openai.OpenAI(base_url=...)`` (or ``OPENAI_BASE_URL``) takes."""
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """What ``anthropic.Anthropic(base_url=...)`` (or ``ANTHROPIC_BASE_URL``) takes."""
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> LLMServer:
         ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
@@ -152,6 +162,7 @@ class LLMServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -194,24 +205,33 @@ class LLMServer:
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "responses")
 
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "anthropic")
+
     async def _handle(self, request: web.Request, api: str) -> web.StreamResponse:
+        import _llm_anthropic as anth  # the Anthropic renderers (they import this module)
+
         body = await request.json()
         reply, gate = self._next(body, api)
         if reply.status != 200:
             if gate is not None:
                 await gate.wait(request)
             err = {"error": {"message": reply.error_message, "type": "server_error"}}
+            if api == "anthropic":
+                err = anth.error_json(reply.error_message)
             return web.json_response(err, status=reply.status)
         model = str(body.get("model", "gpt-4.1"))
-        rid = f"{'chatcmpl' if api == 'chat' else 'resp'}-{next(_ids)}"
+        rid = f"{_ID_PREFIX[api]}{next(_ids)}"
         if not body.get("stream"):
             if gate is not None:
                 await gate.wait(request)
-            render = _chat_json if api == "chat" else _responses_json
+            render = {"chat": _chat_json, "responses": _responses_json}.get(api, anth.message_json)
             return web.json_response(render(reply, model, rid))
         if api == "chat":
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = _chat_events(reply, model, rid, with_usage)
+        elif api == "anthropic":
+            events = anth.message_events(reply, model, rid)
         else:
             events = _responses_events(reply, model, rid)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -220,7 +240,10 @@ class LLMServer:
             for i, event in enumerate(events):
                 if gate is not None and i == gate.after_events:
                     await gate.wait(request)
-                await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+                if api == "anthropic":
+                    await resp.write(anth.frame(event))
+                else:
+                    await resp.write(f"data: {json.dumps(event)}\n\n".encode())
             if api == "chat":
                 await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -381,12 +404,21 @@ def _responses_events(reply: Reply, model: str, rid: str) -> list[dict[str, Any]
 
 
 def _demo(body: dict[str, Any], api: str) -> Reply:
-    """For ``examples/openai_client.py``: a model that keeps rephrasing a search."""
-    turn = sum(1 for m in body.get("messages") or () if m.get("role") == "tool")
+    """For ``examples/openai_client.py`` and ``examples/anthropic_client.py``: a model that
+    keeps rephrasing a search (a turn is a tool result the conversation carries)."""
+    turn = sum(
+        1
+        for m in body.get("messages") or ()
+        if m.get("role") == "tool"
+        or any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in m.get("content") or ()
+        )
+    )
     return tool("search_orders", {"query": f"order 9 attempt {turn}"}, input=400, output=60)
 
 
 if __name__ == "__main__":  # python tests/integrations/_llm_server.py: serve the demo script
     with LLMServer(_demo) as server:
         print(f"OPENAI_BASE_URL={server.base_url}", flush=True)
+        print(f"ANTHROPIC_BASE_URL={server.anthropic_base_url}", flush=True)
         threading.Event().wait()
