@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from _llm_server import text, tool
-from test_anthropic import ASK, HOWS, MODEL, _ask_sync, _client, _turn
 from _wait import wait_until as _wait
+from test_anthropic import ASK, HOWS, MODEL, _ask_sync, _client, _turn
 
 import guard
 from guard.server import MemorySink, ServerThread
