@@ -17,12 +17,13 @@ order, and new batches queue behind it) has committed and been added.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CommittedRuns", "RunIdFilter"]
+__all__ = ["CommittedRuns", "RecentIds", "RunIdFilter"]
 
 log = logging.getLogger("guard.store")
 
@@ -84,6 +85,33 @@ class RunIdFilter:
                 axis=1
             )
         return [keys[i] for i in np.flatnonzero(hit)]
+
+
+class RecentIds:
+    """The run ids this process claimed most recently: at least the last ``capacity``.
+
+    Kept as one set per batch, so a batch with no repeat is ruled out by a few C-level
+    ``isdisjoint`` calls and forgetting the oldest ids drops a whole set.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._sets: deque[set[str]] = deque()
+        self._count = 0
+
+    def __contains__(self, run_id: str) -> bool:
+        return any(run_id in s for s in self._sets)
+
+    def isdisjoint(self, ids: list[str]) -> bool:
+        return all(s.isdisjoint(ids) for s in self._sets)
+
+    def add(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        self._sets.append(set(ids))
+        self._count += len(self._sets[-1])
+        while self._count - len(self._sets[0]) >= self._capacity:
+            self._count -= len(self._sets.popleft())
 
 
 class CommittedRuns:

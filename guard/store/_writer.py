@@ -17,12 +17,12 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from guard.store._claims import RecordClaims
-from guard.store._dedup import CommittedRuns
+from guard.store._dedup import CommittedRuns, RecentIds
 from guard.store._isolate import bisect_insert, split_rows
 from guard.store._rows import dead_letter_row
 from guard.store._schema import DEAD_LETTER_COLUMNS, DECISION_COLUMNS, RUN_COLUMNS
@@ -84,7 +84,7 @@ class Writer(threading.Thread):
         self._next_seq = 1
         self._down_until = 0.0
         self._backoff_s = 0.0
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._recent = RecentIds(_RECENT_RUN_IDS)
         self.committed = CommittedRuns(database)
 
     # -- thread ---------------------------------------------------------------------------
@@ -121,11 +121,10 @@ class Writer(threading.Thread):
                     self._process(items[i : i + self.batch_rows])
                 self._next_seq = max(self._next_seq, last + 1)
                 continue
-            items = []
-            while self._q and len(items) < self.batch_rows:
-                item = self._q.popleft()
-                if item[0] >= self._next_seq:
-                    items.append(item)
+            q = self._q  # in seq order (appended under the lock): stale items are a prefix
+            while q and q[0][0] < self._next_seq:
+                q.popleft()
+            items = [q.popleft() for _ in range(min(len(q), self.batch_rows))]
             if not items:
                 return
             if items[0][0] > self._next_seq:  # a gap (a failed cycle): the WAL has it
@@ -149,13 +148,18 @@ class Writer(threading.Thread):
     def _process(self, items: list[tuple[int, str, str, str]]) -> None:
         lo, hi = items[0][0], items[-1][0]
         batches: list[tuple[str, str, list[str], list[str], bool]] = []
-        runs = [(row, key) for _, kind, row, key in items if kind == "r"]
-        if runs:
-            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", runs))
+        _, kinds, rows, keys = zip(*items, strict=True)
+        kinds_present = set(kinds)
+        if kinds_present == {"r"}:  # the common batch: runs only, no per-item filtering
+            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", list(rows), list(keys)))
+        elif "r" in kinds_present:
+            runs = [(row, key) for _, kind, row, key in items if kind == "r"]
+            r_rows, r_keys = [r for r, _ in runs], [k for _, k in runs]
+            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", r_rows, r_keys))
         for kind in ("d", "x"):
-            rows = [row for _, k, row, _ in items if k == kind]
-            if rows:
-                batches.append((kind, f"{self._epoch}-{kind}-{lo}-{hi}", rows, [], False))
+            if kind in kinds_present:
+                rows_k = [row for _, k, row, _ in items if k == kind]
+                batches.append((kind, f"{self._epoch}-{kind}-{lo}-{hi}", rows_k, [], False))
         try:
             with self._lock:
                 for kind, token, _, excluded, final in batches:
@@ -177,7 +181,7 @@ class Writer(threading.Thread):
         self._next_seq = hi + 1
 
     def _runs_batch(
-        self, token: str, items: list[tuple[str, str]]
+        self, token: str, batch_rows: list[str], batch_ids: list[str]
     ) -> tuple[str, str, list[str], list[str], bool]:
         """(kind, token, rows, excluded run ids, final) for one batch of run records.
 
@@ -186,20 +190,22 @@ class Writer(threading.Thread):
         spooled ahead), ids already committed by any process are dropped too and the batch is
         final ("R"). Otherwise ("r") it is checked again right before its replay.
         """
-        rows, ids, mine = [], [], set()
         excluded: dict[str, None] = {}
-        for row, run_id in items:
-            if run_id in self._recent:
-                self._c["deduplicated"] += 1
-                if run_id not in mine:
+        if len(set(batch_ids)) == len(batch_ids) and self._recent.isdisjoint(batch_ids):
+            rows, ids = batch_rows, batch_ids  # no repeat at all (the common case)
+        else:
+            rows, ids, mine = [], [], set()
+            for row, run_id in zip(batch_rows, batch_ids, strict=True):
+                if run_id in mine:  # a repeat within the batch: first wins, nothing to mark
+                    self._c["deduplicated"] += 1
+                elif run_id in self._recent:
+                    self._c["deduplicated"] += 1
                     excluded[run_id] = None
-                continue
-            self._recent[run_id] = None
-            mine.add(run_id)
-            rows.append(row)
-            ids.append(run_id)
-        while len(self._recent) > _RECENT_RUN_IDS:
-            self._recent.popitem(last=False)
+                else:
+                    mine.add(run_id)
+                    rows.append(row)
+                    ids.append(run_id)
+        self._recent.add(ids)
         if rows and self.claims is not None:  # before anything is written under its token
             held = self._claimed_elsewhere(ids)
             if held:
