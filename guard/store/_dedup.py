@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CommittedRuns", "RecentIds", "RunIdFilter"]
+__all__ = ["CommittedRuns", "RecentIds", "RunIdFilter", "without"]
 
 log = logging.getLogger("guard.store")
 
@@ -168,3 +168,9 @@ class CommittedRuns:
             ).result_rows
             found.update(r[0] for r in rows)
         return found
+
+
+def without(rows: list[str], ids: list[str], drop: set[str]) -> tuple[list[str], list[str]]:
+    """The rows (and their run ids) whose run id is not in ``drop``."""
+    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in drop]
+    return [r for r, _ in kept], [i for _, i in kept]

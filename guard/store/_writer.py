@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -22,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.store._claims import RecordClaims
-from guard.store._dedup import CommittedRuns, RecentIds
-from guard.store._isolate import bisect_insert, split_rows
+from guard.store._dedup import CommittedRuns, RecentIds, without
+from guard.store._isolate import bisect_insert, keep_on_disk, split_rows
 from guard.store._rows import dead_letter_row
 from guard.store._schema import DEAD_LETTER_COLUMNS, DECISION_COLUMNS, RUN_COLUMNS
 from guard.store._wal import Spool, Wal
@@ -148,18 +147,14 @@ class Writer(threading.Thread):
     def _process(self, items: list[tuple[int, str, str, str]]) -> None:
         lo, hi = items[0][0], items[-1][0]
         batches: list[tuple[str, str, list[str], list[str], bool]] = []
-        _, kinds, rows, keys = zip(*items, strict=True)
-        kinds_present = set(kinds)
-        if kinds_present == {"r"}:  # the common batch: runs only, no per-item filtering
-            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", list(rows), list(keys)))
-        elif "r" in kinds_present:
-            runs = [(row, key) for _, kind, row, key in items if kind == "r"]
-            r_rows, r_keys = [r for r, _ in runs], [k for _, k in runs]
-            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", r_rows, r_keys))
-        for kind in ("d", "x"):
-            if kind in kinds_present:
-                rows_k = [row for _, k, row, _ in items if k == kind]
-                batches.append((kind, f"{self._epoch}-{kind}-{lo}-{hi}", rows_k, [], False))
+        kinds = set(list(zip(*items, strict=True))[1])
+        for kind in ("r", "d", "x"):
+            if kind in kinds:  # the common batch is runs only: no per-item filtering
+                part = items if len(kinds) == 1 else [it for it in items if it[1] == kind]
+                _, _, rows, keys = (list(col) for col in zip(*part, strict=True))
+                token = f"{self._epoch}-{kind}-{lo}-{hi}"
+                batch = (kind, token, rows, [], False)
+                batches.append(self._runs_batch(token, rows, keys) if kind == "r" else batch)
         try:
             with self._lock:
                 for kind, token, _, excluded, final in batches:
@@ -211,7 +206,7 @@ class Writer(threading.Thread):
             if held:
                 self._c["deduplicated"] += len(held)
                 excluded.update(dict.fromkeys(sorted(held)))
-                rows, ids = _without(rows, ids, held)
+                rows, ids = without(rows, ids, held)
         final = False
         if rows and self._live():
             try:
@@ -223,7 +218,7 @@ class Writer(threading.Thread):
                 if present:
                     self._c["deduplicated"] += len(present)
                     excluded.update(dict.fromkeys(sorted(present)))
-                    rows, ids = _without(rows, ids, present)
+                    rows, ids = without(rows, ids, present)
         self.committed.add(ids)
         return ("R" if final else "r"), token, rows, list(excluded), final
 
@@ -280,11 +275,7 @@ class Writer(threading.Thread):
 
     def _to_file(self, table: str, token: str, bad: list[tuple[str, str]]) -> None:
         path = self._spool.path.parent / "dead_letter.log"
-        with open(path, "ab") as f:
-            for row, err in bad:
-                f.write((json.dumps([table, token, err, row]) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        keep_on_disk(path, table, token, bad)
         log.error("store: %d dead-letter records kept in %s", len(bad), path)
 
     def _to_spool(self, kind: str, token: str, rows: list[str]) -> None:
@@ -329,7 +320,7 @@ class Writer(threading.Thread):
             if excluded:
                 drop = set(excluded)
                 self._c["deduplicated"] += sum(1 for k in keys if k in drop)
-                rows, keys = _without(rows, keys, drop)
+                rows, keys = without(rows, keys, drop)
         delivered = self._insert_isolating(kind, token, rows) if rows else 0
         if kind in "rR":
             self.committed.add(keys)
@@ -401,12 +392,6 @@ class Writer(threading.Thread):
                 "deduplicate_blocks_in_dependent_materialized_views": 1,
             },
         )
-
-
-def _without(rows: list[str], ids: list[str], drop: set[str]) -> tuple[list[str], list[str]]:
-    """The rows (and their run ids) whose run id is not in ``drop``."""
-    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in drop]
-    return [r for r, _ in kept], [i for _, i in kept]
 
 
 def _key(rec: tuple[int, str, str]) -> str:
