@@ -217,6 +217,12 @@ def bench_ingest(data_dir: Path, n: int, batch_rows: int, trials: int) -> dict:
         "ratio_vs_native_floor": round(statistics.median(ratios("store", "floor", "wall_s")), 3),
         "ratio_vs_native_floor_per_trial": ratios("store", "floor", "wall_s"),
         "cpu_ratio_vs_native_floor": round(statistics.median(ratios("store", "floor", "cpu_s")), 3),
+        "ratio_vs_prebuilt_floor": round(
+            statistics.median(ratios("store", "floor_prebuilt", "wall_s")), 3
+        ),
+        "cpu_ratio_vs_prebuilt_floor": round(
+            statistics.median(ratios("store", "floor_prebuilt", "cpu_s")), 3
+        ),
         "ratio_of_medians_vs_native_floor": round(floor_wall / store_wall, 3),
         # the exactly-once check: store time / store-without-check time, and its share
         "check_cost_ratio_median": round(statistics.median(check_wall), 3),
