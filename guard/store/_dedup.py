@@ -17,12 +17,13 @@ order, and new batches queue behind it) has committed and been added.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CommittedRuns", "RunIdFilter"]
+__all__ = ["CommittedRuns", "RecentIds", "RunIdFilter", "without"]
 
 log = logging.getLogger("guard.store")
 
@@ -86,6 +87,33 @@ class RunIdFilter:
         return [keys[i] for i in np.flatnonzero(hit)]
 
 
+class RecentIds:
+    """The run ids this process claimed most recently: at least the last ``capacity``.
+
+    Kept as one set per batch, so a batch with no repeat is ruled out by a few C-level
+    ``isdisjoint`` calls and forgetting the oldest ids drops a whole set.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._sets: deque[set[str]] = deque()
+        self._count = 0
+
+    def __contains__(self, run_id: str) -> bool:
+        return any(run_id in s for s in self._sets)
+
+    def isdisjoint(self, ids: list[str]) -> bool:
+        return all(s.isdisjoint(ids) for s in self._sets)
+
+    def add(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        self._sets.append(set(ids))
+        self._count += len(self._sets[-1])
+        while self._count - len(self._sets[0]) >= self._capacity:
+            self._count -= len(self._sets.popleft())
+
+
 class CommittedRuns:
     """Run ids already committed to ``{db}.runs``: a filter in memory, ClickHouse for the rest.
 
@@ -140,3 +168,9 @@ class CommittedRuns:
             ).result_rows
             found.update(r[0] for r in rows)
         return found
+
+
+def without(rows: list[str], ids: list[str], drop: set[str]) -> tuple[list[str], list[str]]:
+    """The rows (and their run ids) whose run id is not in ``drop``."""
+    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in drop]
+    return [r for r, _ in kept], [i for _, i in kept]

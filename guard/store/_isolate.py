@@ -12,10 +12,19 @@ the caller spools and retries the whole batch, as before.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["DATA_ERRORS", "bisect_insert", "error_code", "is_data_error", "split_rows"]
+__all__ = [
+    "DATA_ERRORS",
+    "bisect_insert",
+    "error_code",
+    "is_data_error",
+    "keep_on_disk",
+    "split_rows",
+]
 
 # ClickHouse error codes that mean "this data is bad", not "the server is unavailable".
 DATA_ERRORS = frozenset(
@@ -101,3 +110,13 @@ def split_rows(blob: str) -> tuple[list[str], list[str]]:
         rows.append(blob[i:j])
         keys.append(str(value[0]) if value else "")
         i = j
+
+
+def keep_on_disk(path: Path, table: str, token: str, bad: list[tuple[str, str]]) -> None:
+    """Append (row, error) pairs that even ``dead_letter`` refused to ``path``, fsynced:
+    the last resort, so a record is never lost."""
+    with open(path, "ab") as f:
+        for row, err in bad:
+            f.write((json.dumps([table, token, err, row]) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())

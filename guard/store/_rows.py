@@ -9,19 +9,25 @@ reject a whole batch, so counters are clamped to >= 0 and non-finite floats beco
 A timestamp past what ``DateTime64(3)`` holds (year 2299) is not clamped: it is not true
 data, so ``run_row``/``decision_row`` raise ``ValueError`` and the store quarantines the
 record in ``dead_letter`` (``dead_letter_row``) instead of inventing a time.
+
+``run_line`` is what ``Store.write_run`` calls: ``encode_row(run_row(o))`` byte for byte
+(the same JSON values, tested against it), with a fast path for the common record whose
+every field already has its column's type and range, so none needs sanitising.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 import time
 from typing import Any
 
-from guard.policy._types import Outcome
+from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store._records import DecisionRecord
+from guard.store._schema import RUN_COLUMNS
 
-__all__ = ["dead_letter_row", "decision_row", "encode_row", "run_row"]
+__all__ = ["dead_letter_row", "decision_row", "encode_row", "run_line", "run_row"]
 
 encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
@@ -111,6 +117,61 @@ def run_row(o: Outcome, now: float | None = None) -> list[Any]:
         _s(o.decided_by),
         _s(o.trace_id),
     ]
+
+
+_RUN_FIELDS = operator.attrgetter(*RUN_COLUMNS)  # the Outcome fields, in column order
+_ENUMS = (str, Status, Reason, DecidedBy)  # str types whose JSON text is their value
+_q = json.encoder.encode_basestring_ascii  # str -> its JSON text (C), as encode_row does
+
+
+def run_line(o: Outcome, now: float | None = None) -> tuple[str, str]:
+    """``(encode_row(run_row(o, now)), run id)``: the WAL line of one ``runs`` row.
+
+    Fast path when nothing needs sanitising (exact types, counters in range, real
+    timestamps): the line is formatted directly, timestamps as ``:.3f`` (the same number
+    as ``round(x, 3)``, a fifth of the cost). Any other record takes the reference path.
+    Raises as ``run_row`` does.
+    """
+    (run_id, parent, tenant, agent, status, reason, message, started, ended, elapsed,
+     deadline, steps, model_calls, tool_calls, tool_attempts, input_tokens, output_tokens,
+     reasoning_tokens, cached_tokens, cost, last_tool, action_hash, loop_hits, partial,
+     recoverable, price_book, decided_by, trace_id) = _RUN_FIELDS(o)  # fmt: skip
+    if not (
+        type(run_id) is type(tenant) is type(agent) is type(message) is str
+        and type(price_book) is type(trace_id) is str
+        and type(status) in _ENUMS
+        and type(reason) in _ENUMS
+        and type(decided_by) in _ENUMS
+        and (parent is None or type(parent) is str)
+        and (last_tool is None or type(last_tool) is str)
+        and (action_hash is None or type(action_hash) is str)
+        and type(steps) is type(model_calls) is type(tool_calls) is type(tool_attempts) is int
+        and type(loop_hits) is type(elapsed) is type(input_tokens) is type(output_tokens) is int
+        and type(reasoning_tokens) is type(cached_tokens) is int
+        and (deadline is None or (type(deadline) is int and 0 <= deadline <= _UINT64))
+        and type(partial) is type(recoverable) is bool
+        and (cost is None or (type(cost) is float and math.isfinite(cost)))
+        and type(started) is type(ended) is float
+        and 1.0 <= started <= _MAX_TS
+        and 1.0 <= ended <= _MAX_TS
+        and min(steps, model_calls, tool_calls, tool_attempts, loop_hits) >= 0
+        and max(steps, model_calls, tool_calls, tool_attempts, loop_hits) <= _UINT32
+        and min(elapsed, input_tokens, output_tokens, reasoning_tokens, cached_tokens) >= 0
+        and max(elapsed, input_tokens, output_tokens, reasoning_tokens, cached_tokens) <= _UINT64
+    ):
+        row = run_row(o, now)
+        return encode_row(row), row[0]
+    return (
+        f"[{_q(run_id)},{'null' if not parent else _q(parent)},{_q(tenant)},{_q(agent)},"
+        f"{_q(status)},{_q(reason)},{_q(message)},{started:.3f},{ended:.3f},"
+        f"{elapsed},{'null' if deadline is None else deadline},{steps},{model_calls},"
+        f"{tool_calls},{tool_attempts},{input_tokens},{output_tokens},{reasoning_tokens},"
+        f"{cached_tokens},{'null' if cost is None else float.__repr__(cost)},"
+        f"{'null' if not last_tool else _q(last_tool)},"
+        f"{'null' if not action_hash else _q(action_hash)},{loop_hits},"
+        f"{'true' if partial else 'false'},{'true' if recoverable else 'false'},"
+        f"{_q(price_book)},{_q(decided_by)},{_q(trace_id)}]"
+    ), run_id
 
 
 def decision_row(r: DecisionRecord) -> list[Any]:

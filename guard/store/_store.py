@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import logging
 import os
 import threading
@@ -20,9 +18,9 @@ from guard.store._claims import DEFAULT_CLAIM_TTL_S, RecordClaims, holder_id
 from guard.store._dsn import Dsn, connect, parse_dsn
 from guard.store._records import DecisionRecord
 from guard.store._reporting import Report, query_report
-from guard.store._rows import dead_letter_row, decision_row, encode_row, run_row
+from guard.store._rows import dead_letter_row, decision_row, encode_row, run_line
 from guard.store._schema import migrate
-from guard.store._wal import Spool, Wal
+from guard.store._wal import Spool, Wal, lock_dir, recover_to_spool
 from guard.store._writer import Writer
 
 __all__ = ["Store", "open_store", "read_report"]
@@ -116,7 +114,7 @@ class Store:
         self.data_dir = data_dir
         base = data_dir / "store"
         base.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_dir(base / "lock")
+        self._lock_fd = lock_dir(base / "lock")
         self._lock = threading.Lock()
         self._q: deque = deque()
         self._max_queue = max_queue
@@ -188,30 +186,7 @@ class Store:
             raise
 
     def _recover(self) -> None:
-        # Move a previous process's uncommitted WAL records into the spool, in order; the
-        # writer replays them (with their original tokens where a batch had been formed).
-        # A final runs batch ("R") is re-sent exactly as it went out (same rows, same token);
-        # every other runs batch is checked against ClickHouse before its replay.
-        pending, loose, old_epoch = self._wal.recover()
-        epoch = f"{old_epoch}-rec"
-        n = 0
-        for kind, token, rows, excluded, final in pending:
-            if kind == "r":  # exactly the rows the writer sent: first per run, minus excluded
-                rows = _first_per_run(rows, excluded)
-                kind = "R" if final else "r"
-            if rows:
-                self._spool.append(kind, token, rows)
-                n += len(rows)
-        for kind in ("r", "d", "x"):
-            recs = [(s, row) for s, k, row in loose if k == kind]
-            for i in range(0, len(recs), 10_000):
-                chunk = recs[i : i + 10_000]
-                rows = [r for _, r in chunk]
-                if kind == "r":
-                    rows = _first_per_run(rows, set())
-                self._spool.append(kind, f"{epoch}-{kind}-{chunk[0][0]}-{chunk[-1][0]}", rows)
-                n += len(rows)
-        self._wal.drop_old()
+        n = recover_to_spool(self._wal, self._spool)
         if n:
             self._counters["spooled"] += n
             log.warning("store: recovered %d records from the WAL of a previous process", n)
@@ -225,12 +200,11 @@ class Store:
         it goes to ``dead_letter`` with its raw text and the reason.
         """
         try:
-            row = run_row(outcome)
-            line = encode_row(row)
+            line, run_id = run_line(outcome)
         except Exception as ex:  # the contract: never raise into the guard
             self._dead_letter("runs", outcome, ex)
             return
-        self._accept("r", line, row[0])
+        self._accept("r", line, run_id)
 
     def write_decision(self, record: DecisionRecord) -> None:
         """Queue one ``decisions`` row. Same guarantees as :meth:`write_run`."""
@@ -266,33 +240,35 @@ class Store:
             log.exception("store: accepting a %s record failed", kind)
 
     def _accept_locked(self, kind: str, row: str, key: str) -> None:
+        w = self._writer
         with self._lock:
             if self._closed:
                 self._counters["dropped"] += 1
                 log.error("store: DROPPED a %s record written after close()", kind)
                 return
-            self._seq += 1
-            seq = self._seq
+            self._seq = seq = self._seq + 1
             wal_ok = True
             try:
                 self._wal.append_record(seq, kind, row)
             except OSError as ex:
                 wal_ok = False
                 log.error("store: WAL append failed (%s); record kept in memory only", ex)
-            if len(self._q) < self._max_queue:
-                self._q.append((seq, kind, row, key))
+            q = self._q
+            if len(q) < self._max_queue:
+                q.append((seq, kind, row, key))
             elif wal_ok:
-                self._writer.overflow = True  # the writer reads it back from the WAL
+                w.overflow = True  # the writer reads it back from the WAL
             else:
                 self._counters["dropped"] += 1
                 log.error("store: DROPPED a %s record: queue full and WAL unwritable", kind)
-            self._writer.last_seq = seq
-            self._writer.caught_up = False
+            w.last_seq = seq
+            w.caught_up = False
             self._counters["queued"] += 1
-            self._writer.idle.clear()
-            full = len(self._q) >= self._writer.batch_rows
-        if full:
-            self._writer.wake.set()
+            if w.idle.is_set():  # the writer sets it under this lock: no set is missed
+                w.idle.clear()
+            full = len(q) >= w.batch_rows
+        if full and not w.wake.is_set():  # a set wake is seen: the writer clears it, then drains
+            w.wake.set()
 
     # -- control --------------------------------------------------------------------------
 
@@ -403,33 +379,3 @@ class Store:
             if self._read_client is None:
                 self._read_client = connect(self.dsn)
             return self._read_client.query(sql, parameters=parameters).result_rows
-
-
-def _first_per_run(rows: list[str], excluded: set[str]) -> list[str]:
-    seen: set[str] = set(excluded)
-    kept = []
-    for row in rows:
-        run_id = json.loads(row)[0]
-        if run_id not in seen:
-            seen.add(run_id)
-            kept.append(row)
-    return kept
-
-
-def _lock_dir(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        try:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        finally:
-            os.close(fd)
-        raise StoreError(
-            f"store data dir {path.parent.parent} is in use by process {holder}: the embedded "
-            "engine allows one process per data dir (ask that guard: otel-guard report "
-            "--endpoint HOST:PORT)"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd

@@ -34,6 +34,7 @@ None of these classes lock: the store serialises WAL calls under its own lock.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -41,7 +42,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Spool", "Wal"]
+from guard.errors import StoreError
+
+__all__ = ["Spool", "Wal", "lock_dir", "recover_to_spool"]
 
 log = logging.getLogger("guard.store")
 
@@ -272,6 +275,69 @@ class Spool:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def recover_to_spool(wal: Wal, spool: Spool) -> int:
+    """Move a previous process's uncommitted WAL records into the spool, in order. Returns
+    how many rows were spooled.
+
+    The writer replays them with their original tokens where a batch had been formed: a
+    final runs batch ("R") is re-sent exactly as it went out (same rows, same token); every
+    other runs batch ("r") is checked against ClickHouse before its replay.
+    """
+    pending, loose, old_epoch = wal.recover()
+    epoch = f"{old_epoch}-rec"
+    n = 0
+    for kind, token, rows, excluded, final in pending:
+        if kind == "r":  # exactly the rows the writer sent: first per run, minus excluded
+            rows = _first_per_run(rows, excluded)
+            kind = "R" if final else "r"
+        if rows:
+            spool.append(kind, token, rows)
+            n += len(rows)
+    for kind in ("r", "d", "x"):
+        recs = [(s, row) for s, k, row in loose if k == kind]
+        for i in range(0, len(recs), 10_000):
+            chunk = recs[i : i + 10_000]
+            rows = [r for _, r in chunk]
+            if kind == "r":
+                rows = _first_per_run(rows, set())
+            spool.append(kind, f"{epoch}-{kind}-{chunk[0][0]}-{chunk[-1][0]}", rows)
+            n += len(rows)
+    wal.drop_old()
+    return n
+
+
+def _first_per_run(rows: list[str], excluded: set[str]) -> list[str]:
+    seen: set[str] = set(excluded)
+    kept = []
+    for row in rows:
+        run_id = json.loads(row)[0]
+        if run_id not in seen:
+            seen.add(run_id)
+            kept.append(row)
+    return kept
+
+
+def lock_dir(path: Path) -> int:
+    """Lock the data dir for this process (``flock``; the fd holds it); StoreError names the
+    pid of the process that holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+        raise StoreError(
+            f"store data dir {path.parent.parent} is in use by process {holder}: the embedded "
+            "engine allows one process per data dir (ask that guard: otel-guard report "
+            "--endpoint HOST:PORT)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def _spool_line(kind: str, token: str, n: int, blob: str) -> bytes:

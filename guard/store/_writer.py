@@ -14,16 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from guard.store._claims import RecordClaims
-from guard.store._dedup import CommittedRuns
-from guard.store._isolate import bisect_insert, split_rows
+from guard.store._dedup import CommittedRuns, RecentIds, without
+from guard.store._isolate import bisect_insert, keep_on_disk, split_rows
 from guard.store._rows import dead_letter_row
 from guard.store._schema import DEAD_LETTER_COLUMNS, DECISION_COLUMNS, RUN_COLUMNS
 from guard.store._wal import Spool, Wal
@@ -84,7 +83,7 @@ class Writer(threading.Thread):
         self._next_seq = 1
         self._down_until = 0.0
         self._backoff_s = 0.0
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._recent = RecentIds(_RECENT_RUN_IDS)
         self.committed = CommittedRuns(database)
 
     # -- thread ---------------------------------------------------------------------------
@@ -121,11 +120,10 @@ class Writer(threading.Thread):
                     self._process(items[i : i + self.batch_rows])
                 self._next_seq = max(self._next_seq, last + 1)
                 continue
-            items = []
-            while self._q and len(items) < self.batch_rows:
-                item = self._q.popleft()
-                if item[0] >= self._next_seq:
-                    items.append(item)
+            q = self._q  # in seq order (appended under the lock): stale items are a prefix
+            while q and q[0][0] < self._next_seq:
+                q.popleft()
+            items = [q.popleft() for _ in range(min(len(q), self.batch_rows))]
             if not items:
                 return
             if items[0][0] > self._next_seq:  # a gap (a failed cycle): the WAL has it
@@ -149,13 +147,14 @@ class Writer(threading.Thread):
     def _process(self, items: list[tuple[int, str, str, str]]) -> None:
         lo, hi = items[0][0], items[-1][0]
         batches: list[tuple[str, str, list[str], list[str], bool]] = []
-        runs = [(row, key) for _, kind, row, key in items if kind == "r"]
-        if runs:
-            batches.append(self._runs_batch(f"{self._epoch}-r-{lo}-{hi}", runs))
-        for kind in ("d", "x"):
-            rows = [row for _, k, row, _ in items if k == kind]
-            if rows:
-                batches.append((kind, f"{self._epoch}-{kind}-{lo}-{hi}", rows, [], False))
+        kinds = set(list(zip(*items, strict=True))[1])
+        for kind in ("r", "d", "x"):
+            if kind in kinds:  # the common batch is runs only: no per-item filtering
+                part = items if len(kinds) == 1 else [it for it in items if it[1] == kind]
+                _, _, rows, keys = (list(col) for col in zip(*part, strict=True))
+                token = f"{self._epoch}-{kind}-{lo}-{hi}"
+                batch = (kind, token, rows, [], False)
+                batches.append(self._runs_batch(token, rows, keys) if kind == "r" else batch)
         try:
             with self._lock:
                 for kind, token, _, excluded, final in batches:
@@ -177,7 +176,7 @@ class Writer(threading.Thread):
         self._next_seq = hi + 1
 
     def _runs_batch(
-        self, token: str, items: list[tuple[str, str]]
+        self, token: str, batch_rows: list[str], batch_ids: list[str]
     ) -> tuple[str, str, list[str], list[str], bool]:
         """(kind, token, rows, excluded run ids, final) for one batch of run records.
 
@@ -186,26 +185,28 @@ class Writer(threading.Thread):
         spooled ahead), ids already committed by any process are dropped too and the batch is
         final ("R"). Otherwise ("r") it is checked again right before its replay.
         """
-        rows, ids, mine = [], [], set()
         excluded: dict[str, None] = {}
-        for row, run_id in items:
-            if run_id in self._recent:
-                self._c["deduplicated"] += 1
-                if run_id not in mine:
+        if len(set(batch_ids)) == len(batch_ids) and self._recent.isdisjoint(batch_ids):
+            rows, ids = batch_rows, batch_ids  # no repeat at all (the common case)
+        else:
+            rows, ids, mine = [], [], set()
+            for row, run_id in zip(batch_rows, batch_ids, strict=True):
+                if run_id in mine:  # a repeat within the batch: first wins, nothing to mark
+                    self._c["deduplicated"] += 1
+                elif run_id in self._recent:
+                    self._c["deduplicated"] += 1
                     excluded[run_id] = None
-                continue
-            self._recent[run_id] = None
-            mine.add(run_id)
-            rows.append(row)
-            ids.append(run_id)
-        while len(self._recent) > _RECENT_RUN_IDS:
-            self._recent.popitem(last=False)
+                else:
+                    mine.add(run_id)
+                    rows.append(row)
+                    ids.append(run_id)
+        self._recent.add(ids)
         if rows and self.claims is not None:  # before anything is written under its token
             held = self._claimed_elsewhere(ids)
             if held:
                 self._c["deduplicated"] += len(held)
                 excluded.update(dict.fromkeys(sorted(held)))
-                rows, ids = _without(rows, ids, held)
+                rows, ids = without(rows, ids, held)
         final = False
         if rows and self._live():
             try:
@@ -217,7 +218,7 @@ class Writer(threading.Thread):
                 if present:
                     self._c["deduplicated"] += len(present)
                     excluded.update(dict.fromkeys(sorted(present)))
-                    rows, ids = _without(rows, ids, present)
+                    rows, ids = without(rows, ids, present)
         self.committed.add(ids)
         return ("R" if final else "r"), token, rows, list(excluded), final
 
@@ -274,11 +275,7 @@ class Writer(threading.Thread):
 
     def _to_file(self, table: str, token: str, bad: list[tuple[str, str]]) -> None:
         path = self._spool.path.parent / "dead_letter.log"
-        with open(path, "ab") as f:
-            for row, err in bad:
-                f.write((json.dumps([table, token, err, row]) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        keep_on_disk(path, table, token, bad)
         log.error("store: %d dead-letter records kept in %s", len(bad), path)
 
     def _to_spool(self, kind: str, token: str, rows: list[str]) -> None:
@@ -323,7 +320,7 @@ class Writer(threading.Thread):
             if excluded:
                 drop = set(excluded)
                 self._c["deduplicated"] += sum(1 for k in keys if k in drop)
-                rows, keys = _without(rows, keys, drop)
+                rows, keys = without(rows, keys, drop)
         delivered = self._insert_isolating(kind, token, rows) if rows else 0
         if kind in "rR":
             self.committed.add(keys)
@@ -395,12 +392,6 @@ class Writer(threading.Thread):
                 "deduplicate_blocks_in_dependent_materialized_views": 1,
             },
         )
-
-
-def _without(rows: list[str], ids: list[str], drop: set[str]) -> tuple[list[str], list[str]]:
-    """The rows (and their run ids) whose run id is not in ``drop``."""
-    kept = [(r, i) for r, i in zip(rows, ids, strict=True) if i not in drop]
-    return [r for r, _ in kept], [i for _, i in kept]
 
 
 def _key(rec: tuple[int, str, str]) -> str:
