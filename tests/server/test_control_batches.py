@@ -4,12 +4,13 @@ unchanged, a bad batch refused whole."""
 from __future__ import annotations
 
 import grpc
+from _wait import wait_until_async
 
 from guard.server import GuardServer
 from guard.v1 import guard_pb2 as pb
 from guard.wire import MAX_BATCH_MESSAGES
 
-from .conftest import Agent, config, eventually, trace_id_of
+from .conftest import Agent, config, trace_id_of
 
 
 class BatchAgent(Agent):
@@ -105,7 +106,7 @@ async def test_a_bad_batch_is_refused_before_any_of_it_applies(sink):
         await agent.connect()
         hello = pb.AgentMessage(hello=pb.Hello(process_id="p2", tenant="acme"))
         await agent.send_batch(_started("bad1", 30, 1), hello)
-        assert await eventually(lambda: agent.error is not None)
+        await wait_until_async(lambda: agent.error is not None, what="the stream ends")
         assert agent.error.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "batch may not hold hello" in agent.error.details()
         assert "bad1" not in srv.registry.runs
@@ -119,7 +120,7 @@ async def test_an_oversized_batch_is_refused(sink):
         await agent.connect()
         acks = [pb.AgentMessage(ack=pb.Ack(command_id=1))] * (MAX_BATCH_MESSAGES + 1)
         await agent.send_batch(_started("big1", 31, 1), *acks)
-        assert await eventually(lambda: agent.error is not None)
+        await wait_until_async(lambda: agent.error is not None, what="the stream ends")
         assert agent.error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"{MAX_BATCH_MESSAGES + 2} messages (max {MAX_BATCH_MESSAGES})" in (
             agent.error.details()
