@@ -22,12 +22,13 @@ after ``after_events`` events were sent; ``gate.disconnected`` once the client c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -97,6 +98,21 @@ class Gate:
 
     def release(self) -> None:
         self.released.set()
+
+    @contextlib.contextmanager
+    def held(self, watchdog_s: float = 10.0) -> Iterator[None]:
+        """Hold the rest of the stream while the client should close it (so the server sees
+        the disconnect: released early, a short stream is written to its end before the
+        client closes); opens by itself after ``watchdog_s`` (a client that never closes
+        would block on the next event, and its test then fails on what it read), and on the
+        way out."""
+        watchdog = threading.Timer(watchdog_s, self.release)
+        watchdog.start()
+        try:
+            yield
+        finally:
+            watchdog.cancel()
+            self.release()
 
     async def wait(self, request: web.BaseRequest) -> None:
         self.arrived.set()

@@ -5,9 +5,6 @@ server's Messages endpoint: sync and async; ``create``, ``create(stream=True)`` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -249,23 +246,9 @@ def test_a_stream_raises_at_the_next_event_after_a_cancel_and_closes_the_respons
             with client.messages.stream(model=MODEL, messages=[ASK], max_tokens=64) as s:
                 read(s)  # the helper's events come off the guarded raw stream
 
-    with _held(gate), pytest.raises(guard.RunStopped) as stop:
+    with gate.held(), pytest.raises(guard.RunStopped) as stop:
         agent()
     _cut(stop.value.outcome, seen, gate, llm)
-
-
-@contextlib.contextmanager
-def _held(gate: Any) -> Iterator[None]:
-    """The server holds the rest of the stream while the client should close it: a guard that
-    did not would block on the next event, so the gate opens by itself after 10 s (the test
-    then fails on what it read), and on the way out."""
-    watchdog = threading.Timer(10.0, gate.release)
-    watchdog.start()
-    try:
-        yield
-    finally:
-        watchdog.cancel()
-        gate.release()
 
 
 def _cut(o: Any, seen: list[Any], gate: Any, llm: LLMServer) -> None:
@@ -298,7 +281,7 @@ def test_an_async_stream_is_cut_by_a_cancel_too(sink, llm, how) -> None:
             async with client.messages.stream(**kw) as s:
                 await read(s)
 
-    with _held(gate), pytest.raises(guard.RunStopped) as stop:
+    with gate.held(), pytest.raises(guard.RunStopped) as stop:
         asyncio.run(agent())
     _cut(stop.value.outcome, seen, gate, llm)
 

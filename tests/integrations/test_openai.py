@@ -262,10 +262,9 @@ def test_a_stream_raises_at_the_next_chunk_after_a_cancel_and_closes_the_respons
         for item in s:
             seen.append(item)
             if len(seen) == 3:
-                run.cancel("user_cancel")
-                gate.release()
+                run.cancel("user_cancel")  # the gate still holds the rest
 
-    with pytest.raises(guard.RunStopped) as stop:
+    with gate.held(), pytest.raises(guard.RunStopped) as stop:
         agent()
     assert stop.value.outcome.reason == "user_cancel" and len(seen) == 3
     assert gate.disconnected.wait(10)  # the HTTP response was closed, not read to its end
