@@ -332,7 +332,10 @@ async def test_spans_of_another_tenants_remote_run_are_never_counted(fleet, redi
 
 
 async def test_run_that_failed_over_to_another_replica_gets_no_agent_lost(fleet, redis_url):
-    await fleet.start(redis_url, "xz", guard={"agent_grace_s": 1.0})
+    # a grace long enough that the directory shows z holding r1 before it runs out on x, even
+    # on a loaded machine (1 s was not, at load 18); x must then drop r1 from its detached
+    # runs (checked below), so no grace can run out for it later
+    await fleet.start(redis_url, "xz", guard={"agent_grace_s": 5.0})
     first = await _runs_on(fleet, "x", ["r1"])
     x = fleet["x"].registry
     await first.close()  # x's stream drops: r1 is detached on x, within the grace
