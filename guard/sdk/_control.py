@@ -24,24 +24,20 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
-import os
 import random
-import socket
 import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from guard.policy import Budget
 from guard.sdk._allowance_desk import AllowanceDesk
-from guard.sdk._channel import open_channel, wait_connected
-from guard.sdk._control_inbox import handle
+from guard.sdk._control_stream import HALF_CLOSE as _HALF_CLOSE
+from guard.sdk._control_stream import ControlStream
 from guard.sdk._records import PendingRecords
 from guard.sdk._targets import Address, Route, TargetRing
 from guard.v1 import guard_pb2 as pb
-from guard.v1 import guard_pb2_grpc as pb_grpc
-from guard.wire import limits_to_pb, outcome_to_pb, take_batch, usage_to_pb
+from guard.wire import limits_to_pb, outcome_to_pb, usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -53,15 +49,9 @@ __all__ = ["ControlClient"]
 
 log = logging.getLogger("guard.sdk.control")
 _DRAIN_RECONNECT_S = 0.25  # backoff cap while shutdown waits for acknowledgements
-_CONNECT_TIMEOUT_S = 1.0  # a guard that accepts TCP but never answers does not hold failover
-_HALF_CLOSE: Any = object()  # queue sentinel: shutdown's "no more messages"
 
 
-def _is_half_close(item: Any) -> bool:
-    return item is _HALF_CLOSE
-
-
-class ControlClient:
+class ControlClient(ControlStream):
     """One stream per process, multiplexing all of its runs. Thread-safe public methods."""
 
     def __init__(self, settings: Settings, rt: Runtime) -> None:
@@ -304,109 +294,6 @@ class ControlClient:
         for rid in pending:  # fail-open: waiting runs proceed at once
             self._resolve(rid, None)
 
-    async def _session(self, addr: Address) -> bool:
-        self.route.trying(addr)
-        channel = open_channel(self.settings, addr)
-        established = False
-        try:
-            metadata = (
-                (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
-            )
-            call = pb_grpc.GuardControlStub(channel).Attach(metadata=metadata)
-            self._call = call
-            q: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
-            self._queue = q  # from here on new messages queue for this stream
-            self.guard_batches = False  # until this guard's Welcome says otherwise
-            await wait_connected(channel, _CONNECT_TIMEOUT_S)
-            with self._lock:
-                live = list(self._runs.values())
-                rid_of = {r: rid for rid, (_, r) in self._admissions.items()}
-            # each run tree's (usage, seq) at one instant: a parent's usage holds its children's
-            snaps = Budget.snapshot_all([r.budget for r in live])
-            hello = pb.Hello(
-                process_id=self.process_id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                tenant=self.settings.tenant,
-                sdk_version=_version(),
-                live_runs=[
-                    self._run_started(r, rid_of.get(r.run_id, 0), snap)
-                    for r, snap in zip(live, snaps, strict=True)
-                ],
-                ended_runs=self.unacked.acked_recently(),
-                accepts_batches=True,
-            )
-            await call.write(pb.AgentMessage(hello=hello))
-            for m in self.unacked.all():  # every record the guard has not acknowledged
-                await call.write(m)
-            welcomes = self.counters["welcomes"]
-            reader = asyncio.ensure_future(self._read(call))
-            writer = asyncio.ensure_future(self._write(call, q))
-            beat = asyncio.ensure_future(self._heartbeat(q))
-            try:
-                # The stream lives until the guard ends it or a write fails.
-                await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
-                if not reader.done() and not writer.cancelled() and writer.exception() is None:
-                    # Half-closed by shutdown: wait for the guard to end the stream, i.e. to
-                    # have read the last RunEnded (the shutdown timer bounds this wait).
-                    await asyncio.wait({reader})
-            finally:
-                for t in (writer, beat, reader):
-                    t.cancel()
-                await asyncio.gather(writer, beat, reader, return_exceptions=True)
-            established = self.counters["welcomes"] > welcomes
-        finally:
-            await channel.close(grace=None)
-        return established
-
-    async def _write(self, call: Any, q: asyncio.Queue[pb.AgentMessage]) -> None:
-        """Write what is queued, in order: to a guard that reads batches, whatever is ready
-        at once goes as one AgentBatch (one grpc message instead of one per message)."""
-        carry: Any = None
-        while True:
-            first = carry if carry is not None else await q.get()
-            if self.guard_batches:
-                batch, carry = take_batch(q, first, _is_half_close)
-            else:
-                batch, carry = [first], None
-            closing = batch[-1] is _HALF_CLOSE
-            if closing:
-                batch.pop()
-            # a RunEnded lost here is resent after the reconnect
-            if len(batch) > 1:
-                self.counters["batches_out"] += 1
-                await call.write(pb.AgentMessage(batch=pb.AgentBatch(messages=batch)))
-            elif batch:
-                await call.write(batch[0])
-            if closing:
-                # Shutdown: everything queued before it is written (each write awaited).
-                # Half-close; the guard ends the stream once it has read every message.
-                await call.done_writing()
-                return
-
-    async def _heartbeat(self, q: asyncio.Queue[pb.AgentMessage]) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_s)
-            with self._lock:
-                live = list(self._runs.values())
-            beat = pb.Heartbeat(
-                runs=[
-                    pb.RunProgress(
-                        run_id=r.run_id, usage=usage_to_pb(r.budget.usage()), paused=r.paused
-                    )
-                    for r in live
-                ]
-            )
-            q.put_nowait(pb.AgentMessage(heartbeat=beat))
-
-    async def _read(self, call: Any) -> None:
-        async for msg in call:
-            try:
-                handle(self, msg)
-            except Exception:
-                self.counters["errors"] += 1
-                log.exception("otel-guard: handling a guard message failed")
-
     async def _shutdown(self, drain_s: float) -> None:
         """End the session cleanly within ``drain_s``: the queued messages (the last RunEnded
         records) are written, the stream is half-closed, and the session ends when the guard
@@ -422,9 +309,3 @@ class ControlClient:
         q.put_nowait(_HALF_CLOSE)  # type: ignore[arg-type]  # after everything queued (FIFO)
         # The bound: a guard that never ends the stream does not hold the process.
         asyncio.get_running_loop().call_later(drain_s, main.cancel)
-
-
-def _version() -> str:
-    from guard import __version__
-
-    return __version__
