@@ -110,10 +110,11 @@ def _swallowed(run: Run, exc: BaseException | None) -> None:
 @contextlib.contextmanager
 def _framework_run(run: Run) -> Iterator[None]:
     """Around a framework's run attached to ``run``: its inferred step closes when it ends, and
-    a stop it swallowed or wrapped comes out as ``RunStopped``."""
+    a stop it swallowed or wrapped comes out as ``RunStopped``. A ``GeneratorExit`` (the caller
+    stopped reading a framework's stream) passes as it is."""
     try:
         yield
-    except RunStopped:
+    except (RunStopped, GeneratorExit):
         raise
     except BaseException as exc:
         _swallowed(run, exc)

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from guard.errors import RunStopped
-from guard.integrations._base import _swallowed, active_run, end_inferred_step
+from guard.integrations._base import _framework_run, active_run
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
 from guard.sdk._scope import RunScope
@@ -45,16 +45,10 @@ def _reset(var: contextvars.ContextVar[Any], token: Any) -> None:
 def _attached(run: Any, it: Iterator[Any]) -> Iterator[Any]:
     token = _graph_of.set(run)
     try:
-        yield from it
-    except (RunStopped, GeneratorExit):
-        raise
-    except BaseException as exc:
-        _swallowed(run, exc)
-        raise
+        with _framework_run(run):
+            yield from it
     finally:
-        end_inferred_step(run)
         _reset(_graph_of, token)
-    _swallowed(run, None)
 
 
 def iter_in_run(agent: str, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
@@ -78,17 +72,11 @@ def iter_in_run(agent: str, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
 async def _aattached(run: Any, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
     token = _graph_of.set(run)
     try:
-        async for item in it:
-            yield item
-    except (RunStopped, GeneratorExit):
-        raise
-    except BaseException as exc:
-        _swallowed(run, exc)
-        raise
+        with _framework_run(run):
+            async for item in it:
+                yield item
     finally:
-        end_inferred_step(run)
         _reset(_graph_of, token)
-    _swallowed(run, None)
 
 
 async def aiter_in_run(agent: str, make: Callable[[], AsyncIterator[Any]]) -> AsyncIterator[Any]:
