@@ -1,8 +1,8 @@
 """SDK overhead per step: guard.step() vs the same spans through plain OpenTelemetry.
 
 One step = a ``guard.step`` span with a model-call span and a tool-call span inside it, with
-the same names and attributes on both sides, into the same TracerProvider whose processor
-hands every span to a no-op exporter. The guard side additionally runs the whole local policy:
+the same names and attributes on both sides, each side into a TracerProvider whose processor
+hands every span to the same no-op exporter. The guard side additionally runs the whole local policy:
 three decisions per step (before the step, after the model call, after the tool call), the
 HMAC fingerprints of the tool arguments and result, and the loop detector. Both sides run
 alternately in the same process; the figure is the median over rounds.
@@ -11,6 +11,11 @@ Fairness: the plain side emits the same spans with the same attribute values (th
 computed cost, 1-based step index, provider name; fingerprints precomputed outside the timed
 loop), checked on a separate provider before timing (``same_spans``). The guard side's tool
 arguments are new in every round, so its canonicalisation cache is not flattered by repeats.
+The plain side's provider is a provider of its own: ``guard.configure`` puts the SDK's span
+processor (its relay) on the guard side's provider, which an application without the guard
+does not have, so its cost is the guard's. Time is the thread's CPU time
+(``time.thread_time``), not the wall clock: neither side starts a thread, and on a shared
+machine a descheduled round would otherwise count against whichever side it hit.
 
     .venv/bin/python benchmarks/bench_sdk_overhead.py [--steps 2000] [--rounds 7] [--numbered]
 
@@ -21,7 +26,8 @@ The headline runs the install as shipped: the native fast paths of guard/policy/
 when a C compiler built them (``native``). The same run also measures the pure-Python
 reference (``ratio_pure_python``), what an install without a compiler gets.
 
-Prints JSON: us_per_step_guard, us_per_step_otel, ratio (goal <= 1.5), ratio_pure_python.
+Prints JSON: us_per_step_guard, us_per_step_otel, ratio (issue 14 goal <= 1.25; DESIGN <= 1.5),
+ratio_pure_python (goal <= 1.4).
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ from guard.sdk._api import reset
 from guard.sdk._runtime import get_runtime
 
 _NATIVE_BUILT = native_available()  # the native fast paths were built
+# CPU time of this thread (see the module doc): what a step costs, whatever else the machine runs
+_clock = time.thread_time
+GOAL_RATIO, GOAL_RATIO_PURE = 1.25, 1.4  # issue 14 (DESIGN §5 asks <= 1.5)
 
 
 class NullExporter(SpanExporter):
@@ -77,13 +86,13 @@ def guarded_steps(n: int, base: int = 0) -> float:
 
     @guard.run(agent="bench", max_steps=n + 10, max_tokens=10**12, max_tool_calls=n + 10)
     def agent() -> float:
-        t0 = time.perf_counter()
+        t0 = _clock()
         for i in range(n):
             with guard.step() as step:
                 step.model_call(model="gpt-4.1", input_tokens=1200 + i, output_tokens=90)
                 step.tool_call("search", {"q": f"refund {base + i}", "lang": "en"}, result=i)
                 step.progress(True)
-        return time.perf_counter() - t0
+        return _clock() - t0
 
     return agent()
 
@@ -109,7 +118,7 @@ def plain_steps(tracer: trace.Tracer, n: int) -> float:
     )
     run_ctx = trace.set_span_in_context(run_span)
     token = otel_context.attach(run_ctx)
-    t0 = time.perf_counter()
+    t0 = _clock()
     for i in range(n):
         step = tracer.start_span(
             "guard.step",
@@ -159,7 +168,7 @@ def plain_steps(tracer: trace.Tracer, n: int) -> float:
         step.set_attributes({"guard.progress": True, "guard.action.fingerprint": fp})
         step.end()
         otel_context.detach(tok)
-    elapsed = time.perf_counter() - t0
+    elapsed = _clock() - t0
     run_span.set_attributes(
         {
             "guard.stop.status": "completed",
@@ -219,7 +228,7 @@ def idiomatic_steps(tracer: trace.Tracer, n: int) -> float:
     with tracer.start_as_current_span("invoke_agent bench") as run_span:
         run_span.set_attribute("gen_ai.operation.name", "invoke_agent")
         run_span.set_attribute("guard.run.id", run_id)
-        t0 = time.perf_counter()
+        t0 = _clock()
         for i in range(n):
             with tracer.start_as_current_span("guard.step") as step:
                 step.set_attribute("guard.run.id", run_id)
@@ -250,7 +259,7 @@ def idiomatic_steps(tracer: trace.Tracer, n: int) -> float:
                         t.set_attribute("guard.seq", 3 * i + 3)
                 step.set_attribute("guard.progress", True)
                 step.set_attribute("guard.action.fingerprint", fp)
-        return time.perf_counter() - t0
+        return _clock() - t0
 
 
 def policy_breakdown(n: int) -> dict[str, float]:
@@ -263,10 +272,10 @@ def policy_breakdown(n: int) -> dict[str, float]:
     loops = LoopDetector()
 
     def timed(fn) -> float:
-        t0 = time.perf_counter()
+        t0 = _clock()
         for i in range(n):
             fn(i)
-        return round((time.perf_counter() - t0) / n * 1e6, 2)
+        return round((_clock() - t0) / n * 1e6, 2)
 
     acts = [fp.action("search", {"q": f"refund {i}", "lang": "en"}) for i in range(n)]
     n0 = n  # fingerprint_args below sees new arguments (a cache miss), as a real agent does
@@ -323,7 +332,8 @@ def policy_breakdown(n: int) -> dict[str, float]:
 
 def paired_rounds(tracer: trace.Tracer, steps: int, rounds: int, seed: int) -> dict[str, float]:
     """Guarded, plain and idiomatic steps, alternating (load drift on the machine hits all
-    three); medians over the rounds. ``seed`` keeps every round's tool arguments new."""
+    three); medians over the rounds. ``seed`` keeps every round's tool arguments new.
+    ``tracer``: the plain sides' (a provider without the guard's processor)."""
     g, p, ratios, idio = [], [], [], []
     for r in range(rounds):
         g.append(guarded_steps(steps, base=(seed + r) * steps) / steps * 1e6)
@@ -356,9 +366,11 @@ def main(argv: list[str] | None = None) -> int:
 
     same = check_same_spans()
     exporter = NullExporter()
-    provider = TracerProvider()
+    provider = TracerProvider()  # the guard side's: guard.configure adds its processor to it
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("bench")
+    plain_provider = TracerProvider()  # the plain sides': the application without the guard
+    plain_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = plain_provider.get_tracer("bench")
 
     def configure(native: bool) -> None:
         set_native(native)
@@ -390,12 +402,15 @@ def main(argv: list[str] | None = None) -> int:
         "us_per_step_otel_idiomatic": round(main_["idiomatic"], 2),
         "ratio_vs_idiomatic": round(main_["guard"] / main_["idiomatic"], 3),
         "us_per_step_guard_pure_python": round(pure["guard"], 2),
+        "us_per_step_otel_pure_python_run": round(pure["otel"], 2),
         "ratio_pure_python": round(pure["ratio"], 3),
-        "goal_ratio": 1.5,
+        "goal_ratio": GOAL_RATIO,
+        "goal_ratio_pure_python": GOAL_RATIO_PURE,
         "same_spans": same,
-        "ok": main_["ratio"] <= 1.5,
+        "ok": main_["ratio"] <= GOAL_RATIO and pure["ratio"] <= GOAL_RATIO_PURE,
         "policy_us_per_step": breakdown,
         "spans_exported": exporter.count,
+        "clock": "thread_time",
         "python": sys.version.split()[0],
     }
     print(json.dumps(result))
