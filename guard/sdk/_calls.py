@@ -41,6 +41,7 @@ _AFTER_TOOLS, _CONTINUE = Phase.AFTER_TOOL_BATCH, Action.CONTINUE
 # Hot path (every tool call): module-level names instead of attribute lookups.
 _OPERATION, _TOOL_NAME, _ACTION_FP = A.OPERATION, A.TOOL_NAME, A.ACTION_FP
 _TOOL_ATTEMPTS, _RUN_ID, _RESULT_HASH, _SEQ = A.TOOL_ATTEMPTS, A.RUN_ID, A.RESULT_HASH, A.SEQ
+_EXECUTE_TOOL_ = A.EXECUTE_TOOL + " "  # the span name's head
 
 
 _PROVIDERS = (  # gen_ai.provider.name inferred from well-known model families
@@ -194,7 +195,7 @@ def record_tool_call(
     loop = verdict if verdict.level is not _CONTINUE else None
     d = None
     if quick:
-        seq, d = run.budget.tool_call_escalation(attempts, None, loop, run.soft_rank)
+        seq, d = run.budget.tool_call_escalation(attempts, None, loop, run.soft.rank)
     if step is not None:
         step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {
@@ -215,20 +216,21 @@ def record_tool_call(
     if error is not None:
         attrs[A.ERROR_TYPE] = type(error).__qualname__
         tag(error, "tool")
-    if span_attrs is None:
-        emit_call_span(
-            run.rt.tracer,
-            f"{A.EXECUTE_TOOL} {name}",
-            parent_ctx,
-            _INTERNAL,
-            attrs,
-            started_at,
-            error,
-        )
-    else:
+    if span_attrs is not None:
         span_attrs.update(attrs)
+    elif started_at is None and error is None:  # emit_call_span's usual case, inline
+        run.rt.tracer.start_span(
+            _EXECUTE_TOOL_ + name, context=parent_ctx, kind=_INTERNAL, attributes=attrs
+        ).end()
+    else:
+        emit_call_span(
+            run.rt.tracer, _EXECUTE_TOOL_ + name, parent_ctx, _INTERNAL, attrs, started_at, error
+        )
     if in_batch:
         batch.note_verdict(verdict)  # decided once, when the batch closes
     else:
-        run.after_call(_AFTER_TOOLS, d if quick else run.decide_after(_AFTER_TOOLS, loop))
+        if not quick:
+            d = run.decide_after(_AFTER_TOOLS, loop)
+        if d is not None or run.parent is not None:  # else after_call has nothing to do
+            run.after_call(_AFTER_TOOLS, d)
     return action

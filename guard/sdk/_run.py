@@ -118,6 +118,7 @@ class Run(RunFlow):
         self._cancel_cbs: list[Callable[[], Any]] = []
         self._directive_cbs: list[Callable[[str, str, str], Any]] = []
         self._interrupt: tuple[Reason, str, DecidedBy, bool] | None = None
+        self.interrupted = False  # _interrupt is not None (RunFlow.interrupted)
         self._pending: Decision | None = None
         self.stopped: tuple[Decision, DecidedBy] | None = None  # a stop raised to the user
         self._deadline_timer: Any = None  # a handle of self.clock.schedule
@@ -262,6 +263,7 @@ class Run(RunFlow):
                 return self.live
             # 1. refuse new work: every SDK call raises from now on.
             self._interrupt = (reason, detail, by, cancel)
+            self.interrupted = True
             children = list(self._children)
             procs, self._procs = self._procs, []
             cbs, self._cancel_cbs = self._cancel_cbs, []

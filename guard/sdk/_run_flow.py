@@ -66,6 +66,9 @@ class RunFlow:
     wrap_up_requested: bool
     directives: list[tuple[str, str, str, str]]
     stopped: tuple[Decision, DecidedBy] | None
+    # Whether an interrupt (a cancel, a guard stop, the deadline) is waiting to be raised: a
+    # plain attribute (set once, with the interrupt) because the hot paths read it per call.
+    interrupted: bool
     _lock: threading.RLock
     _interrupt: tuple[Reason, str, DecidedBy, bool] | None
     _pending: Decision | None
@@ -78,11 +81,6 @@ class RunFlow:
         ) -> Outcome: ...
 
     # -- before new work --------------------------------------------------------------------
-    @property
-    def interrupted(self) -> bool:
-        """Whether an interrupt (a cancel, a guard stop, the deadline) is waiting to be raised."""
-        return self._interrupt is not None
-
     @property
     def stop_pending(self) -> bool:
         """Whether a stop decided by the policy is waiting for the next check."""
@@ -184,6 +182,10 @@ class RunFlow:
            in the tenant's allowance for the next call;
         4. ``raise_interrupt``: an interrupt that came in meanwhile is raised now (never from
            a span processor, which must not raise).
+
+        With nothing for steps 1-3 to do (``d is None``, no ``parent``, and nothing ``spent`` or
+        no ``root.allowance``) a hot path may skip the call and check ``interrupted`` itself
+        (``Step.model_call``, ``record_tool_call``).
         """
         if d is not None and d.action is not _CONTINUE:
             self.apply(d, raise_now=False)

@@ -201,7 +201,7 @@ class Step:
             reasoning_tokens,
             cached_tokens,
             cost_usd,
-            run.soft_rank,
+            run.soft.rank,  # run.soft_rank, without the property call
             sres.take() if sres is not None and sres.run is run else None,
         )
         attrs: dict[str, Any] = {
@@ -232,12 +232,21 @@ class Step:
         else:
             attrs[A.ERROR_TYPE] = type(error).__qualname__
             tag(error, "model")
-        emit_call_span(
-            rt.tracer, f"{operation} {model}", parent_ctx, _CLIENT, attrs, started_at, error
-        )
+        if started_at is None and error is None:  # emit_call_span's usual case, inline
+            rt.tracer.start_span(
+                f"{operation} {model}", context=parent_ctx, kind=_CLIENT, attributes=attrs
+            ).end()
+        else:
+            emit_call_span(
+                rt.tracer, f"{operation} {model}", parent_ctx, _CLIENT, attrs, started_at, error
+            )
         # Recorded first: completed results are kept. No reservation: keep room for the next call.
-        spent = (cost_usd, input_tokens + output_tokens) if sres is None else None
-        run.after_call(_AFTER_MODEL, d, spent=spent, raise_interrupt=True)
+        if d is None and run.parent is None and (sres is not None or run.root.allowance is None):
+            if run.interrupted:  # all that after_call would do (see there)
+                run.check_stop()
+        else:
+            spent = (cost_usd, input_tokens + output_tokens) if sres is None else None
+            run.after_call(_AFTER_MODEL, d, spent=spent, raise_interrupt=True)
         return cost_usd
 
     def tool_call(
@@ -274,7 +283,8 @@ class Step:
             call_id,
             started_at,
         )
-        run.check_interrupt()
+        if run.interrupted:  # run.check_interrupt(), without the call
+            run.check_stop()
         return fp
 
     def note_tool(self, action: str) -> None:
