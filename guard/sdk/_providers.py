@@ -26,6 +26,10 @@ class _Relay(SpanProcessor):
     current runtime's chain (``point_to``), so configure() / shutdown() never stack processors
     on an application's provider. Unpointed, it does nothing."""
 
+    # Called by the provider as every span ends, with nothing for the relay to do there: a
+    # builtin that takes the span and ignores it (a C call, not a Python frame per span).
+    _on_ending = id
+
     def __init__(self) -> None:
         self._target: Any = None
 
