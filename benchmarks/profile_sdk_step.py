@@ -5,7 +5,12 @@ overhead benchmark), the policy (``guard/policy``), the SDK's own glue (``guard/
 rest (builtins called from all of them), and lists the heaviest SDK and policy functions by
 their own time. cProfile inflates small functions, so read the shares, not the microseconds.
 
+``--shares``: no profiler; what each part adds to the plain step, timed in context (thread CPU
+time, interleaved rounds, like the overhead benchmark): OpenTelemetry inside a guarded run
+(the relay processor), the policy calls the SDK makes (made by hand), the SDK's own glue.
+
     .venv/bin/python benchmarks/profile_sdk_step.py [--steps 10000] [--top 15]
+    .venv/bin/python benchmarks/profile_sdk_step.py --shares [--steps 2000] [--rounds 9]
 
 Prints JSON.
 """
@@ -16,10 +21,15 @@ import argparse
 import cProfile
 import json
 import pstats
+import statistics
+from typing import Any
 
 import bench_sdk_overhead as bench  # the same step and spans (run from benchmarks/' parent)
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind
 
 import guard
 from guard.sdk._api import reset
@@ -35,11 +45,136 @@ def _part(filename: str) -> str:
     return "other"
 
 
+def inline_steps(n: int, base: int, policy: bool) -> float:
+    """The guarded step's spans (same names, attributes and nesting) emitted by hand inside a
+    guarded run, under the relay the SDK puts on the provider; with ``policy``, also every
+    policy call the SDK makes per step (the same calls, arguments and decisions applied), but
+    none of the SDK's own code around them. What ``guarded_steps`` costs above this is the
+    SDK's glue; what this costs above the plain side is OpenTelemetry in the guard's context
+    (``policy=False``) and the policy itself."""
+
+    @guard.run(agent="bench", max_steps=n + 10, max_tokens=10**12, max_tool_calls=n + 10)
+    def agent() -> float:
+        run = guard.current_run()
+        budget, fp, detector, rt, soft = run.budget, run.fp, run.detector, run.rt, run.soft
+        tracer, rid, tenant, book = rt.tracer, run.run_id, run.tenant, rt.price_book
+        fp_a, fp_r = "a" * 32, "b" * 32
+        t0 = bench._clock()
+        for i in range(n):
+            if policy and not budget.step_if_no_escalation(soft.rank):
+                run.check()  # what begin_step does when something could fire
+                budget.record_step()
+            step = tracer.start_span(
+                "guard.step",
+                context=run.ctx,
+                attributes={"guard.run.id": rid, "guard.tenant": tenant, "guard.step.index": i + 1},
+            )
+            ctx = trace.set_span_in_context(step)
+            token = otel_context.attach(ctx)
+            inp = 1200 + i
+            cost = book.cost_usd("gpt-4.1", input_tokens=inp, output_tokens=90, cached_tokens=0)
+            if policy:
+                _, d = budget.model_call_escalation(inp, 90, 0, 0, cost, soft.rank, None)
+                if d is not None:
+                    run.apply(d, raise_now=False)
+            tracer.start_span(
+                "chat gpt-4.1",
+                context=ctx,
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.request.model": "gpt-4.1",
+                    "gen_ai.usage.input_tokens": inp,
+                    "gen_ai.usage.output_tokens": 90,
+                    "gen_ai.usage.cache_read.input_tokens": 0,
+                    "gen_ai.usage.reasoning.output_tokens": 0,
+                    "guard.run.id": rid,
+                    "gen_ai.provider.name": "openai",
+                    "guard.cost.usd": cost,
+                },
+            ).end()
+            args = {"q": f"refund {base + i}", "lang": "en"}
+            if policy:
+                fp_a, fp_r = fp.action("search", args), fp.result(i)
+                detector.observe_action(fp_a, fp_r)
+                _, d = budget.tool_call_escalation(1, None, None, soft.rank)
+                if d is not None:
+                    run.apply(d, raise_now=False)
+            tracer.start_span(
+                "execute_tool search",
+                context=ctx,
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": "search",
+                    "guard.action.fingerprint": fp_a,
+                    "guard.tool.attempts": 1,
+                    "guard.run.id": rid,
+                    "guard.result.hash": fp_r,
+                },
+            ).end()
+            if policy:
+                detector.end_step(state=None, progress=True, acted=True)
+            step.set_attributes({"guard.progress": True, "guard.action.fingerprint": fp_a})
+            step.end()
+            otel_context.detach(token)
+        return bench._clock() - t0
+
+    return agent()
+
+
+def shares(steps: int, rounds: int) -> dict[str, Any]:
+    """Where the guarded step's overhead goes, measured in context (each part with the rest
+    of the step around it, as in ``bench_sdk_overhead``; a part timed alone misses the cache
+    and branch misses the rest of the step causes). Interleaved rounds, ratios to the plain
+    side of the same round, medians."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(bench.NullExporter()))
+    plain_provider = TracerProvider()
+    plain_provider.add_span_processor(SimpleSpanProcessor(bench.NullExporter()))
+    plain = plain_provider.get_tracer("bench")
+    guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")
+    sides = {
+        "spans_in_run": lambda r: inline_steps(steps, r * steps, policy=False),
+        "spans_and_policy": lambda r: inline_steps(steps, 10**7 + r * steps, policy=True),
+        "guard": lambda r: bench.guarded_steps(steps, base=2 * 10**7 + r * steps),
+    }
+    for side in sides.values():  # warm-up
+        side(-1)
+    bench.plain_steps(plain, 200)
+    ratios: dict[str, list[float]] = {k: [] for k in sides}
+    us_plain = []
+    for r in range(rounds):
+        p = bench.plain_steps(plain, steps)
+        us_plain.append(p / steps * 1e6)
+        for k, side in sides.items():
+            ratios[k].append(side(r) / p)
+    reset()
+    med = {k: statistics.median(v) for k, v in ratios.items()}
+    return {
+        "us_per_step_otel": round(statistics.median(us_plain), 2),
+        "ratio": {k: round(v, 3) for k, v in med.items()},
+        # shares of the plain step's cost: what each part adds
+        "adds": {
+            "otel_in_guarded_run": round(med["spans_in_run"] - 1.0, 3),
+            "policy": round(med["spans_and_policy"] - med["spans_in_run"], 3),
+            "sdk_glue": round(med["guard"] - med["spans_and_policy"], 3),
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10000)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--shares", action="store_true", help="in-context shares, no profiler")
+    ap.add_argument("--rounds", type=int, default=9, help="with --shares")
     args = ap.parse_args(argv)
+    if args.shares:
+        out = {"benchmark": "sdk_step_shares", "steps": args.steps, "rounds": args.rounds}
+        out.update(shares(args.steps, args.rounds))
+        print(json.dumps(out))
+        return 0
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(bench.NullExporter()))
     guard.configure(tracer_provider=provider, hmac_key=b"bench-key-0123456789")

@@ -54,6 +54,7 @@ class LowLatencySpanProcessor(SpanProcessor):
         self._queue: collections.deque[ReadableSpan] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._busy = False
+        self._idle = False  # the worker waits for spans (set before it checks the queue)
         self._stopped = False
         self._shut = False
         self._shutdown_lock = threading.Lock()
@@ -69,17 +70,25 @@ class LowLatencySpanProcessor(SpanProcessor):
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
+        # Every span of a guarded trace comes here, on the agent's thread: a deque append (atomic
+        # under the GIL), and the lock only to wake an idle worker (once per batch, not per
+        # span) or to count a drop.
         if self._stopped:
             return
         ctx = span.context
         if self._filter is not None and (ctx is None or not self._filter(ctx.trace_id)):
             return
-        with self._cond:
-            if len(self._queue) >= self._queue_size:
+        queue = self._queue
+        if len(queue) >= self._queue_size:  # a bound, exceeded by at most one span per thread
+            with self._cond:
                 self.dropped += 1
-                return
-            self._queue.append(span)
-            self._cond.notify()
+            return
+        queue.append(span)
+        # Read after the append: a worker that set _idle before we appended is woken here; one
+        # that sets it later sees the span when it checks the queue (no lost wake-up).
+        if self._idle:
+            with self._cond:
+                self._cond.notify()
 
     def shutdown(self, flush_timeout_ms: float = 2000) -> None:
         """Flush, stop the worker, shut the exporter down. Exactly once: the SDK closes it and
@@ -121,8 +130,10 @@ class LowLatencySpanProcessor(SpanProcessor):
     def _worker(self) -> None:
         while True:
             with self._cond:
+                self._idle = True  # first, then the queue check: see on_end
                 while not self._queue and not self._stopped:
                     self._cond.wait()
+                self._idle = False
                 if self._stopped and not self._queue:
                     return
             if self._delay_s:

@@ -11,9 +11,13 @@ from concurrent import futures
 
 import grpc
 import pytest
+from _wait import wait_until
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 import guard
+from guard.sdk._export import LowLatencySpanProcessor
 from guard.testing import capture_spans
 
 APP_SCRIPT = textwrap.dedent(
@@ -274,3 +278,73 @@ def test_a_span_endpoint_list_moves_on_from_a_dead_collector() -> None:
     finally:
         fake.stop()
         collector.stop()
+
+
+class _CountingExporter:
+    """A real SpanExporter of this process (no network): counts, and can hold an export."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def export(self, spans):
+        self.gate.wait(30)
+        self.ids.extend(s.context.span_id for s in spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _ended_spans(n: int) -> list:
+    tracer = TracerProvider().get_tracer("t")
+    out = []
+    for i in range(n):
+        s = tracer.start_span(f"s{i}")
+        s.end()
+        out.append(s)
+    return out
+
+
+def test_spans_ended_from_many_threads_are_all_exported_once() -> None:
+    # The processor appends without a lock and wakes its worker only when it is idle: no span
+    # may be lost (a missed wake-up leaves spans queued until the next one) or exported twice.
+    from guard.sdk._export import LowLatencySpanProcessor
+
+    exp = _CountingExporter()
+    proc = LowLatencySpanProcessor(exp, max_delay_ms=0.0, max_batch=7, queue_size=100_000)
+    spans = _ended_spans(8 * 500)
+    threads = [
+        threading.Thread(target=lambda part=spans[k::8]: [proc.on_end(s) for s in part])
+        for k in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert proc.force_flush(30_000)
+    assert sorted(exp.ids) == sorted(s.context.span_id for s in spans)
+    assert (proc.exported, proc.dropped, proc.failed) == (len(spans), 0, 0)
+    # After the burst the worker is idle again: a single late span still goes out.
+    late = _ended_spans(1)[0]
+    proc.on_end(late)
+    assert proc.force_flush(30_000)
+    assert exp.ids[-1] == late.context.span_id
+    proc.shutdown()
+
+
+def test_a_full_queue_counts_every_span_it_drops() -> None:
+    exp = _CountingExporter()
+    exp.gate.clear()  # the worker holds its first batch: the queue fills up behind it
+    proc = LowLatencySpanProcessor(exp, max_delay_ms=0.0, max_batch=1, queue_size=10)
+    spans = _ended_spans(200)
+    proc.on_end(spans[0])
+    wait_until(lambda: proc._busy, timeout_s=10)  # the worker holds span 0
+    for s in spans[1:]:
+        proc.on_end(s)
+    exp.gate.set()
+    assert proc.force_flush(30_000)
+    assert proc.dropped == 200 - 1 - 10
+    assert proc.exported == len(exp.ids) == 11
+    proc.shutdown()
