@@ -245,10 +245,18 @@ class ForeignSpans(SpanProcessor):
         self._scope = getattr(rt.tracer, "_instrumentation_scope", None)
         self._forward = forward
         self._owners: dict[int, _Owner] = {}
+        self._relay: Any = None  # while no span was owned: see bind_relay
         self.model_calls = 0
         self.tool_calls = 0
         self.duplicates = 0
         self.errors = 0
+
+    def bind_relay(self, relay: Any) -> None:
+        """Called by the relay that points here. Until the first third-party span of a run is
+        owned, on_end would only forward: the relay calls the forward directly (a Python call
+        less per span), and on_start routes ended spans here before it owns one."""
+        self._relay = relay
+        relay.route_ends(self, self._forward.on_end if self._forward is not None else id)
 
     # SpanProcessor interface ---------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -269,6 +277,10 @@ class ForeignSpans(SpanProcessor):
         if len(self._owners) >= _OWNERS_MAX:
             self._owners.clear()
         counted = otel_context.get_value(COUNTED_KEY, parent_context) is True
+        relay = self._relay
+        if relay is not None:  # routed here first, then forgotten (a racing start routes too)
+            relay.route_ends(self, self.on_end)
+            self._relay = None
         self._owners[span.context.span_id] = _Owner(run, step, tools, counted)
 
     def on_end(self, span: ReadableSpan) -> None:

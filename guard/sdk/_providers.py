@@ -38,6 +38,15 @@ class _Relay(SpanProcessor):
         # the provider calls these directly: no extra hop per span
         self.on_start = target.on_start  # type: ignore[method-assign]
         self.on_end = target.on_end  # type: ignore[method-assign]
+        bind = getattr(target, "bind_relay", None)
+        if bind is not None:  # the target may route ended spans past itself for a while
+            bind(self)
+
+    def route_ends(self, target: Any, on_end: Any) -> None:
+        """``target`` (the current one, else nothing happens) takes ended spans with
+        ``on_end`` from now on."""
+        if self._target is target:
+            self.on_end = on_end  # type: ignore[method-assign]
 
     def release(self, target: Any) -> None:
         if self._target is target:

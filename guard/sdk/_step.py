@@ -46,6 +46,9 @@ _set_span_in_context, _attach, _detach = (
 )
 
 
+_CURRENT: Any = object()  # Step(): a step of the current run
+
+
 def current_step() -> Step | None:
     """The innermost open step of this context, or ``None``."""
     return _current_step.get()
@@ -57,6 +60,7 @@ class Step:
     ``step.model_call(...)`` and ``step.tool_call(...)`` record usage and evaluate the policy
     after the call; ``step.progress(...)`` feeds the stagnation detector. Entering a step
     checks the policy first and raises ``RunStopped`` when the run must not take another step.
+    ``Step()`` (``guard.step()``) is a step of the current run, ``Step(run)`` one of ``run``.
     """
 
     __slots__ = (
@@ -73,8 +77,8 @@ class Step:
         "tool_calls",
     )
 
-    def __init__(self, run: Run | None) -> None:
-        self.run = run
+    def __init__(self, run: Run | None = _CURRENT) -> None:
+        self.run = _current_run.get() if run is _CURRENT else run
         self.index = 0
         self.span: Any = None
         self.action: str | None = None
@@ -304,6 +308,6 @@ class Step:
             self._state = self.run.fp.state(facts)
 
 
-def step() -> Step:
-    """Open one step of the current run: ``with guard.step() as step: ...``."""
-    return Step(_current_run.get())
+# ``guard.step()``: open one step of the current run (``with guard.step() as step: ...``). The
+# class itself, whose ``Step()`` takes the current run: a step costs no extra function call.
+step = Step
