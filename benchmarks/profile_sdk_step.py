@@ -12,6 +12,8 @@ time, interleaved rounds, like the overhead benchmark): OpenTelemetry inside a g
     .venv/bin/python benchmarks/profile_sdk_step.py [--steps 10000] [--top 15]
     .venv/bin/python benchmarks/profile_sdk_step.py --shares [--steps 2000] [--rounds 9]
 
+``--pure-python``: the policy's pure-Python reference instead of the native fast paths.
+
 Prints JSON.
 """
 
@@ -32,6 +34,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
 import guard
+from guard.policy import native_available, use_native
 from guard.sdk._api import reset
 
 
@@ -169,9 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--shares", action="store_true", help="in-context shares, no profiler")
     ap.add_argument("--rounds", type=int, default=9, help="with --shares")
+    ap.add_argument("--pure-python", action="store_true", help="the policy's Python reference")
     args = ap.parse_args(argv)
+    use_native(not args.pure_python)
     if args.shares:
-        out = {"benchmark": "sdk_step_shares", "steps": args.steps, "rounds": args.rounds}
+        out = {
+            "benchmark": "sdk_step_shares",
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "native": native_available() and not args.pure_python,
+        }
         out.update(shares(args.steps, args.rounds))
         print(json.dumps(out))
         return 0
