@@ -76,46 +76,39 @@ def inline_steps(n: int, base: int, policy: bool) -> float:
             token = otel_context.attach(ctx)
             inp = 1200 + i
             cost = book.cost_usd("gpt-4.1", input_tokens=inp, output_tokens=90, cached_tokens=0)
-            if policy:
-                _, d = budget.model_call_escalation(inp, 90, 0, 0, cost, soft.rank, None)
-                if d is not None:
-                    run.apply(d, raise_now=False)
-            tracer.start_span(
-                "chat gpt-4.1",
-                context=ctx,
-                kind=SpanKind.CLIENT,
-                attributes={
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.request.model": "gpt-4.1",
-                    "gen_ai.usage.input_tokens": inp,
-                    "gen_ai.usage.output_tokens": 90,
-                    "gen_ai.usage.cache_read.input_tokens": 0,
-                    "gen_ai.usage.reasoning.output_tokens": 0,
-                    "guard.run.id": rid,
-                    "gen_ai.provider.name": "openai",
-                    "guard.cost.usd": cost,
-                },
-            ).end()
             args = {"q": f"refund {base + i}", "lang": "en"}
-            if policy:
+            if policy:  # the calls of model_call and tool_call (their spans go out below)
+                _, d_model = budget.model_call_escalation(inp, 90, 0, 0, cost, soft.rank, None)
                 fp_a, fp_r = fp.action("search", args), fp.result(i)
                 detector.observe_action(fp_a, fp_r)
-                _, d = budget.tool_call_escalation(1, None, None, soft.rank)
-                if d is not None:
-                    run.apply(d, raise_now=False)
-            tracer.start_span(
-                "execute_tool search",
-                context=ctx,
-                kind=SpanKind.INTERNAL,
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": "search",
-                    "guard.action.fingerprint": fp_a,
-                    "guard.tool.attempts": 1,
-                    "guard.run.id": rid,
-                    "guard.result.hash": fp_r,
-                },
-            ).end()
+                _, d_tool = budget.tool_call_escalation(1, None, None, soft.rank)
+                for d in (d_model, d_tool):
+                    if d is not None:
+                        run.apply(d, raise_now=False)
+            model = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": "gpt-4.1",
+                "gen_ai.usage.input_tokens": inp,
+                "gen_ai.usage.output_tokens": 90,
+                "gen_ai.usage.cache_read.input_tokens": 0,
+                "gen_ai.usage.reasoning.output_tokens": 0,
+                "guard.run.id": rid,
+                "gen_ai.provider.name": "openai",
+                "guard.cost.usd": cost,
+            }
+            tool = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "search",
+                "guard.action.fingerprint": fp_a,
+                "guard.tool.attempts": 1,
+                "guard.run.id": rid,
+                "guard.result.hash": fp_r,
+            }
+            for name, kind, attrs in (
+                ("chat gpt-4.1", SpanKind.CLIENT, model),
+                ("execute_tool search", SpanKind.INTERNAL, tool),
+            ):
+                tracer.start_span(name, context=ctx, kind=kind, attributes=attrs).end()
             if policy:
                 detector.end_step(state=None, progress=True, acted=True)
             step.set_attributes({"guard.progress": True, "guard.action.fingerprint": fp_a})
