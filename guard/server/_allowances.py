@@ -201,19 +201,23 @@ class Allowances:
             led.observe_many(batch)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
-        """The run ended (any way): its grant goes back, but for the tail its final usage
-        says is still on the way; late spans of it still count (``late_span``)."""
-        root = root_of(run)
-        if self.tenants.wants_usage(run.tenant):
-            self._recent[run.run_id] = (run.tenant, root.run_id)
-            self._recent.move_to_end(run.run_id)
-            if len(self._recent) > RECENT_ENDED:
-                self._recent.popitem(last=False)
-        led = self._ledgers.get(run.tenant)
+        """The run ended (any way; called once per run): its grant goes back, but for the
+        tail its final usage says is still on the way; late spans of it still count
+        (``late_span``)."""
+        tenant, run_id = run.tenant, run.run_id
+        root = run if run.parent is None else root_of(run)
+        if self.tenants.wants_usage(tenant):
+            recent = self._recent
+            if run_id in recent:
+                recent.move_to_end(run_id)
+            recent[run_id] = (tenant, root.run_id)
+            if len(recent) > RECENT_ENDED:
+                recent.popitem(last=False)
+        led = self._ledgers.get(tenant)
         if led is None or root is not run:
             return
-        led.observe(run.run_id, *seen_of(run))  # what it spent, before the rest goes back
-        led.release(run.run_id, self.registry.clock(), final=spend_of(outcome))
+        # what it spent moves into the windows, then the rest goes back
+        led.release(run_id, self.registry.clock(), final=spend_of(outcome), seen=seen_of(run))
 
     def late_span(self, o: Any, scope: str | None, spent: dict[str, Usage]) -> bool:
         """A span of a run that already ended: count it towards its tenant's windows (and

@@ -114,7 +114,8 @@ class TenantBudgets(Protocol):
         """After a request: these runs spent; their grants move into the windows."""
 
     def release(self, run: RunState, outcome: Outcome | None = None) -> None:
-        """The run ended (any way): its grant goes back, but for its announced tail."""
+        """The run ended (any way; called once per run, with the agent's ``outcome`` when it
+        sent RunEnded): its grant goes back, but for its announced tail."""
 
     def late_span(self, o: Observation, scope: str | None, spent: dict[str, Usage]) -> bool:
         """A span of an ended run: add it to ``spent`` (its tenant's usage this request)."""
