@@ -378,15 +378,21 @@ def _apply(led: Any, ref: bool, op: tuple, shapes: list) -> Any:
 @example(
     0,
     0.05,
-    [("grant", 0, 0.0, 0.1, 0.0, 0.0), ("release_final", 0, 3.0, 0.0, 0.0, 0.05)]
-    + [("grant", 1, 8.0, 0.1, 0.0, 0.0)],
+    [
+        ("grant", 0, 0.0, 0.1, 0.0, 0.0),
+        ("release_final", 0, 3.0, 0.0, 0.0, 0.05),
+        ("grant", 1, 8.0, 0.1, 0.0, 0.0),
+    ],
 )
 # a final usage below what the guard saw (cost), while the tokens keep a tail
 @example(
     1,
     0.05,
-    [("grant", 1, 0.0, 0.2, 0.2, 0.0), ("release_final", 1, 1.0, 0.3, 0.1, 0.1)]
-    + [("grant_new", 1, 2.0, 0.0, 0.0, 0.0)],
+    [
+        ("grant", 1, 0.0, 0.2, 0.2, 0.0),
+        ("release_final", 1, 1.0, 0.3, 0.1, 0.1),
+        ("grant_new", 1, 2.0, 0.0, 0.0, 0.0),
+    ],
 )
 @given(
     st.sampled_from(range(len(_SHAPES))),
