@@ -296,7 +296,9 @@ class Admission(RunPart):
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
         self.budgets.on_admit(run, session)  # the run's ceilings arrive before its Admit
         version = self.config.prices.version or ""
-        session.send("admit", admit_to_pb(run.run_id, request_id, run.budget.limits, version))
+        msg, body = session.compose("admit")
+        admit_to_pb(run.run_id, request_id, run.budget.limits, version, into=body)
+        session.post(msg)
 
     def _attach(self, run: RunState, session: AgentSession) -> None:
         run.remote = None  # guarded here as another replica's run until now: ours again

@@ -104,7 +104,8 @@ class Allowances:
     def push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
         if session is None or session.closed:
             return
-        msg = allowance_to_pb(
+        msg, body = session.compose("allowance")
+        allowance_to_pb(
             grant.run_id,
             request_id=request_id,
             ttl_s=self.ttl_s,
@@ -112,8 +113,9 @@ class Allowances:
             detail=grant.detail,
             max_cost_usd=grant.max_cost_usd,
             max_tokens=grant.max_tokens,
+            into=body,
         )
-        session.send("allowance", msg)
+        session.post(msg)
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_admit(self, run: RunState, session: AgentSession) -> None:

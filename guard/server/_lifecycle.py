@@ -78,7 +78,9 @@ class Lifecycle(RunPart):
     def _ack_record(self, session: AgentSession | None, run_id: str) -> None:
         if session is not None:
             self.stats["records_acked"] += 1
-            session.send("record_ack", record_ack_to_pb(run_id))
+            msg, body = session.compose("record_ack")
+            record_ack_to_pb(run_id, into=body)
+            session.post(msg)
 
     def end_run(
         self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
