@@ -44,6 +44,7 @@ def envelope_to_pb(command_id: int, sent_at_unix: float) -> pb.GuardMessage:
 
 _ADMIT_LIMITS: dict[Any, pb.Limits] = {}  # effective Limits -> its message (most runs share one)
 _ADMIT_LIMITS_MAX = 256
+_ADMIT_LAST: list[tuple[Any, Any]] = [(None, None)]  # the last (Limits, message) used
 
 
 def admit_to_pb(
@@ -56,7 +57,10 @@ def admit_to_pb(
     msg.run_id = run_id
     msg.request_id = request_id
     msg.price_book_version = price_book_version
-    limits = _ADMIT_LIMITS.get(effective)
+    # most admissions carry the very Limits object of the one before (the policy's run
+    # defaults): the identity check spares hashing its fields
+    last = _ADMIT_LAST[0]
+    limits = last[1] if last[0] is effective else _ADMIT_LIMITS.get(effective)
     if limits is None:
         from guard.wire import limits_to_pb
 
@@ -64,6 +68,7 @@ def admit_to_pb(
         if len(_ADMIT_LIMITS) >= _ADMIT_LIMITS_MAX:
             _ADMIT_LIMITS.clear()  # many distinct limits (requested per run): start over
         _ADMIT_LIMITS[effective] = limits
+    _ADMIT_LAST[0] = (effective, limits)
     msg.effective.CopyFrom(limits)
     return msg
 

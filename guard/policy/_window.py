@@ -82,8 +82,12 @@ class RollingWindow:
         """Add ``value`` at time ``now`` (values may be negative, e.g. to undo a charge)."""
         if not math.isfinite(value):
             raise InvalidInput(f"rolling window value must be finite, got {value!r}")
-        head = self._advance(now)
-        b = min(self._bucket(now), head)
+        b = math.floor(now / self.width_s)  # self._bucket(now), inline: once per admission
+        head = self._head
+        if head is None or b > head:
+            head = self._advance(now)
+        if head < b:  # min(b, head)
+            b = head
         if head - b >= self.buckets:
             return  # already outside the window
         slot = b % self.buckets

@@ -82,10 +82,15 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         await self._hello(session, msg.hello, principal)
                     elif body == "batch":
                         check_batch(msg.batch)  # then each message at its turn, as if alone
+                        settles = registry.budgets.settles
                         for inner in msg.batch.messages:
-                            await self._apply(session, inner, inner.WhichOneof("body"), principal)
+                            self._apply(session, inner, inner.WhichOneof("body"), principal)
+                            if settles:
+                                await registry.budgets.sync()  # see _parts
                     else:
-                        await self._apply(session, msg, body, principal)
+                        self._apply(session, msg, body, principal)
+                        if registry.budgets.settles:
+                            await registry.budgets.sync()  # see _parts: settle with shared budgets
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:
@@ -123,21 +128,23 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             registry.detach(session)
             app.detach_session(session)
 
-    async def _apply(
+    def _apply(
         self, session: AgentSession, msg: pb.AgentMessage, body: str | None, principal: Any
     ) -> None:
-        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied."""
+        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied (the
+        caller then settles with shared budgets: ``budgets.sync``, when they settle)."""
         registry = self.app.registry
         if body == "run_started":
-            check_run_started(msg.run_started)
-            registry.register(session, msg.run_started, principal)
-        elif body == "ack":
-            registry.ack(session, msg.ack)
+            rs = msg.run_started
+            check_run_started(rs)
+            registry.register(session, rs, principal)
+        elif body == "run_ended":
+            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
         elif body == "heartbeat":
             check_heartbeat(msg.heartbeat)
             registry.heartbeat(session, msg.heartbeat)
-        elif body == "run_ended":
-            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
+        elif body == "ack":
+            registry.ack(session, msg.ack)
         elif body == "allowance_request":
             check_allowance_request(msg.allowance_request)
             registry.budgets.request(session, msg.allowance_request, principal)
@@ -145,7 +152,6 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             raise InvalidInput("hello sent twice on one stream")
         else:
             raise InvalidInput("empty AgentMessage")
-        await registry.budgets.sync()  # see _parts: settle with shared budgets
 
     async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
         """The first message: checked whole, then welcomed, then its live runs registered in

@@ -126,6 +126,9 @@ class TenantBudgets(Protocol):
     async def sync(self) -> None:
         """Settle the local view with the shared store; the only await point."""
 
+    #: Whether :meth:`sync` has anything to settle (False: the callers need not await it).
+    settles: bool
+
 
 class RunDirectory(Protocol):
     """Which agent session holds each run's control stream."""
@@ -189,6 +192,8 @@ class Parts:
 class LocalTenantBudgets:
     """One process's tenant budgets: :class:`~guard.server._tenants.Tenants` (windows and
     slots) and :class:`~guard.server._allowances.Allowances` (grants), in memory."""
+
+    settles = False  # one process: sync() has nothing to do
 
     def __init__(self, registry: Any) -> None:
         from guard.server._allowances import Allowances
