@@ -51,6 +51,7 @@ __all__ = [
     "check_hello",
     "check_run_started",
     "directive_to_pb",
+    "encode_batch",
     "envelope_to_pb",
     "guard_batch_to_pb",
     "limits_from_pb",
@@ -68,6 +69,7 @@ __all__ = [
     "run_status_to_pb",
     "stats_response_to_pb",
     "take_batch",
+    "take_encoded",
     "tenant_budget_to_pb",
     "tenant_budgets_response_to_pb",
     "usage_from_pb",
@@ -255,7 +257,7 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
 
 # The control stream's validation, the guard's commands and its admin answers: kept in their
 # own modules, part of this one (the checks use limits_from_pb / usage_from_pb above).
-from guard._wire_batch import MAX_BATCH_BYTES, take_batch  # noqa: E402
+from guard._wire_batch import MAX_BATCH_BYTES, encode_batch, take_batch, take_encoded  # noqa: E402
 from guard._wire_checks import (  # noqa: E402
     MAX_BATCH_MESSAGES,
     check_allowance_request,

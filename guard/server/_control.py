@@ -15,7 +15,7 @@ message: every message is read from an agent's batch and applied in order, exact
 had come alone (a batch that holds a Hello or another batch, or more than
 ``MAX_BATCH_MESSAGES``, ends the stream before any of it applies); whatever the registry
 queued for the session by the time the writer runs goes out as one GuardBatch (bounded:
-``guard.wire.take_batch``), to an agent
+``guard.wire.take_encoded``: serialized once, the batch framed as bytes), to an agent
 whose Hello set ``accepts_batches`` (any other gets one GuardMessage per write, as before).
 """
 
@@ -39,14 +39,13 @@ from guard.wire import (
     check_heartbeat,
     check_hello,
     check_run_started,
-    guard_batch_to_pb,
     outcome_from_pb,
     policy_to_pb,
-    take_batch,
+    take_encoded,
     welcome_to_pb,
 )
 
-__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer"]
+__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer", "add_to_server"]
 
 HELLO_SLICE = 32  # Hello.live_runs registered between two yields to the event loop
 HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
@@ -105,18 +104,14 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             while True:
                 item = carry if carry is not None else await queue.get()
                 # whatever else is ready goes in the same write (one GuardBatch for an agent
-                # that reads them: one grpc message instead of one per command)
+                # that reads them: one grpc message instead of one per command), as bytes
                 if batches:
-                    items, carry = take_batch(queue, item, AgentSession.is_close)
+                    payload, carry, closing = take_encoded(queue, item, AgentSession.is_close)
                 else:
-                    items, carry = [item], None
-                closing = AgentSession.is_close(items[-1])
-                if closing:
-                    items.pop()
-                if len(items) > 1:
-                    await context.write(guard_batch_to_pb(items))
-                elif items:
-                    await context.write(items[0])
+                    closing = AgentSession.is_close(item)
+                    payload, carry = None if closing else item, None
+                if payload is not None:
+                    await context.write(payload)
                 if closing:
                     break
             if session.error is not None:
@@ -189,3 +184,24 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
     @staticmethod
     def policy(config: Any) -> pb.Policy:
         return policy_to_pb(config)
+
+
+def _serialize(msg: Any) -> bytes:
+    """The Attach stream's response serializer: a GuardMessage, or bytes already serialized
+    (a batch, see ``take_encoded``), which go out as they are."""
+    return msg if type(msg) is bytes else msg.SerializeToString()
+
+
+def add_to_server(servicer: ControlServicer, server: Any) -> None:
+    """``guard_pb2_grpc.add_GuardControlServicer_to_server`` with :func:`_serialize` as the
+    response serializer (the writer hands grpc a batch as bytes)."""
+    handlers = {
+        "Attach": grpc.stream_stream_rpc_method_handler(
+            servicer.Attach,
+            request_deserializer=pb.AgentMessage.FromString,
+            response_serializer=_serialize,
+        )
+    }
+    name = "guard.v1.GuardControl"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
