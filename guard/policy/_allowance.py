@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from guard.errors import InvalidInput
@@ -141,13 +143,13 @@ class TenantAllowances:
         at admission), all or nothing: when ``need`` does not fit under what the tenant has
         left, nothing changes and the answer is ``exhausted``. ``seen`` is the run's usage
         already in the windows when it is new here (a run re-registered after a restart)."""
-        need = (_finite(need_cost_usd), _finite(need_tokens))
+        need = _finite_pair(need_cost_usd, need_tokens)
         with self._lock:
             if self._tails and self._tails[0][0] <= now:
                 self._expire_locked(now)
             e = self._entries.get(run_id)
             if e is None:
-                e = self._entries[run_id] = _Entry([_finite(seen[0]), _finite(seen[1])])
+                e = self._entries[run_id] = _Entry(list(_finite_pair(seen[0], seen[1])))
                 self._live += 1
             if e.expires_at is not None:  # ended: nothing more for it
                 return self._grant_locked(run_id, e)
@@ -218,7 +220,7 @@ class TenantAllowances:
     def observe(self, run_id: str, cost_usd: float, tokens: float) -> None:
         """The run's cumulative usage as the guard now sees it (it only grows): what it
         spent moves from its outstanding grant into the windows."""
-        v = [_finite(cost_usd), _finite(tokens)]
+        v = _finite_pair(cost_usd, tokens)
         with self._lock:
             e = self._entries.get(run_id)
             if e is not None:
@@ -245,7 +247,7 @@ class TenantAllowances:
                 if all(e.outstanding(i) <= _EPS for i in range(2)):
                     self._drop_locked(run_id)
 
-    def _set_seen_locked(self, e: _Entry, v: list[float], *, cumulative: bool) -> None:
+    def _set_seen_locked(self, e: _Entry, v: Sequence[float], *, cumulative: bool) -> None:
         seen, ceiling, out = e.seen, e.ceiling, self._out
         for i in (0, 1):
             s, c = seen[i], ceiling[i]
@@ -273,7 +275,7 @@ class TenantAllowances:
         ``tail_s`` for the spans still on their way. ``seen``: the run's cumulative usage as
         the guard sees it now, observed first (exactly :meth:`observe`, in the same lock).
         Idempotent."""
-        v = None if seen is None else [_finite(seen[0]), _finite(seen[1])]
+        v = None if seen is None else _finite_pair(seen[0], seen[1])
         with self._lock:
             e = self._entries.get(run_id)
             if e is None:
@@ -325,6 +327,18 @@ class TenantAllowances:
         """Give back the tails whose time is up."""
         with self._lock:
             self._expire_locked(now)
+
+
+_FLOAT_MAX = sys.float_info.max
+
+
+def _finite_pair(a: float, b: float) -> tuple[float, float]:
+    """``(_finite(a), _finite(b))`` in one call (the same values, the same refusals)."""
+    a, b = float(a), float(b)
+    if not (0.0 <= a <= _FLOAT_MAX and 0.0 <= b <= _FLOAT_MAX):  # NaN fails them too
+        _finite(a)
+        _finite(b)
+    return (a, b)
 
 
 def _finite(v: float) -> float:

@@ -53,6 +53,7 @@ RECENT_ENDED = 20_000  # ended run ids remembered (-> tenant, root) so late span
 _TAIL_S = 5.0  # how long a run's tail (final usage not seen yet) stays held after it ended
 _MAX_TOKENS = float(2**53)  # a request beyond this is not a reservation, it is an attack
 _MAX_COST_USD = 1e9
+_UNSEEN: Any = object()  # a tenant whose ledger was not looked up yet
 
 
 def root_of(run: RunState) -> RunState:
@@ -123,12 +124,15 @@ class Allowances:
         the grant it holds (ceilings are cumulative, so a repeat is harmless)."""
         if run.parent is not None or run.stop_reason is not None:
             return
-        led = self.ledger(run.tenant)
+        led = self._ledgers.get(run.tenant, _UNSEEN)
+        if led is _UNSEEN:
+            led = self.ledger(run.tenant)
         if led is None:
             return
         grant = led.grant_of(run.run_id)
         if grant is None:
-            self.refresh()
+            if self._dirty:
+                self.refresh()
             grant = led.grant(run.run_id, self.registry.clock(), seen=seen_of(run))
             self.registry.stats["allowance_grants"] += 1
         self.push(session, grant)

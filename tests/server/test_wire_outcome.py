@@ -226,3 +226,50 @@ def test_a_canonical_outcome_is_converted_field_for_field():
     assert got == reference_outcome_from_pb(_CANONICAL)
     assert got.status is Status.COMPLETED and got.decided_by is DecidedBy.SDK
     assert (got.steps, got.input_tokens, got.cost_usd, got.parent_run_id) == (3, 1200, 0.25, None)
+
+
+def reference_check_run_started(rs: pb.RunStarted) -> None:
+    """``check_run_started`` as it was (every check one by one), the reference."""
+    from guard.wire import limits_from_pb
+
+    check_id("run_started.run_id", rs.run_id, required=True)
+    check_id("run_started.parent_run_id", rs.parent_run_id)
+    check_id("run_started.tenant", rs.tenant)
+    check_id("run_started.agent", rs.agent)
+    trace = rs.trace_id
+    if trace and (len(trace) != 32 or trace.strip("0123456789abcdefABCDEF")):
+        raise InvalidInput(f"run_started.trace_id {trace[:40]!r} is not 32 hex characters")
+    check_unix("run_started.started_at_unix", rs.started_at_unix)
+    if rs.HasField("requested"):
+        limits_from_pb(rs.requested)
+    if rs.HasField("usage"):
+        usage_from_pb(rs.usage)
+
+
+_RS_EDGES = {
+    **{
+        name: ["", "x" * MAX_ID_CHARS, "y" * (MAX_ID_CHARS + 1)]
+        for name in ("run_id", "parent_run_id", "tenant", "agent")
+    },
+    "trace_id": ["", "ab" * 16, "AB" * 16, "ab" * 15, "ab" * 17, "zz" * 16, " " * 32, "é" * 32],
+    "started_at_unix": [0.0, -0.0, 946_684_800.0, 946_684_799.9, 4e9, math.nan, math.inf],
+    "requested.max_steps": [0, 5, MAX_COUNTER + 1],
+    "usage.input_tokens": [0, MAX_COUNTER, MAX_COUNTER + 1],
+    "usage.cost_usd": [0.0, math.nan, -1.0],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(n, v) for n, values in _RS_EDGES.items() for v in values]
+)
+def test_check_run_started_refuses_exactly_what_the_reference_refuses(name, value):
+    from guard.wire import check_run_started
+
+    rs = pb.RunStarted(run_id="r1", tenant="acme", agent="a", trace_id="0f" * 16)
+    rs.started_at_unix = 1.7e9
+    if "." in name:
+        sub, field = name.split(".")
+        setattr(getattr(rs, sub), field, value)
+    else:
+        setattr(rs, name, value)
+    assert _answer(check_run_started, rs) == _answer(reference_check_run_started, rs)
