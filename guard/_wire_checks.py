@@ -31,12 +31,19 @@ __all__ = [
     "check_heartbeat",
     "check_hello",
     "check_run_started",
+    "ids_fit",
 ]
 
 MAX_BATCH_MESSAGES = 1024  # messages in one AgentBatch / GuardBatch (the proto says so)
 
 
 _HEX = "0123456789abcdefABCDEF"
+
+
+def ids_fit(*ids: str) -> bool:
+    """Whether every one of ``ids`` is at most :data:`~guard.bounds.MAX_ID_CHARS` long (the
+    one test of the control path's fast checks; ``check_id`` words a failure)."""
+    return max(map(len, ids)) <= MAX_ID_CHARS
 
 
 def _check_trace_hex(name: str, value: str) -> None:
@@ -62,10 +69,7 @@ def check_run_started(rs: pb.RunStarted) -> None:
     started = rs.started_at_unix
     if not (
         run_id
-        and len(run_id) <= MAX_ID_CHARS
-        and len(parent) <= MAX_ID_CHARS
-        and len(tenant) <= MAX_ID_CHARS
-        and len(agent) <= MAX_ID_CHARS
+        and ids_fit(run_id, parent, tenant, agent)
         and (not trace or (len(trace) == 32 and not trace.strip(_HEX)))
         # NaN fails both comparisons: the checks then say it is not finite
         and (started == 0.0 or MIN_UNIX_S <= started <= time.time() + MAX_FUTURE_S)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from guard._wire_checks import ids_fit
 from guard.bounds import (
     MAX_COST_USD_PER_RECORD,
     MAX_COUNTER,
@@ -137,14 +138,7 @@ def outcome_from_pb(msg: pb.Outcome) -> Outcome:
     # NaN fails every comparison below, so it takes the checks' path (and their words) too
     if not (
         run_id
-        and len(run_id) <= MAX_ID_CHARS
-        and len(parent) <= MAX_ID_CHARS
-        and len(tenant) <= MAX_ID_CHARS
-        and len(agent) <= MAX_ID_CHARS
-        and len(last_tool) <= MAX_ID_CHARS
-        and len(last_hash) <= MAX_ID_CHARS
-        and len(version) <= MAX_ID_CHARS
-        and len(trace) <= MAX_ID_CHARS
+        and ids_fit(run_id, parent, tenant, agent, last_tool, last_hash, version, trace)
         and len(message) <= MAX_TEXT_CHARS
         and max(counters) <= MAX_COUNTER
         and (cost is None or 0.0 <= cost <= MAX_COST_USD_PER_RECORD)

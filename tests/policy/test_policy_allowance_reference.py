@@ -1,95 +1,35 @@
 """The tenant allowances' ledger (``TenantAllowances``, written with few calls for the guard's
-control path) against the code it replaced, kept here verbatim as the reference: for any
-sequence of grants, spends, late spends, releases, expiries, reservations, window spend and
-policy reloads, both give the same answers and hold the same state, bit for bit (the same
-float operations in the same order), and refuse the same inputs with the same words."""
+control path) against the code it replaced, kept here as the reference (the methods that
+changed, as they were, in a subclass): for any sequence of grants, spends, late spends,
+releases, expiries, reservations, window spend and policy reloads, both give the same answers
+and hold the same state, bit for bit (the same float operations in the same order), and
+refuse the same inputs with the same words."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy import RollingLimit, TenantAllowances, TenantBudget, TenantLimits, Usage
-from guard.policy._allowance import ALLOWANCE_METRICS, short_of_grant
+from guard.policy._allowance import (
+    ALLOWANCE_METRICS,
+    AllowanceGrant,
+    _Entry,
+    _finite,
+    short_of_grant,
+)
 
 _EPS = 1e-12
 
 
-class _Grant(NamedTuple):
-    run_id: str
-    max_cost_usd: float | None
-    max_tokens: float | None
-    exhausted: bool = False
-    detail: str = ""
-
-
-def _finite(v: float) -> float:
-    v = float(v)
-    if not math.isfinite(v) or v < 0:
-        raise InvalidInput(f"allowance amounts must be finite and >= 0, got {v!r}")
-    return v
-
-
-class _RefEntry:
-    __slots__ = ("ceiling", "expires_at", "seen")
-
-    def __init__(self, seen: list[float]) -> None:
-        self.seen = list(seen)
-        self.ceiling = list(seen)  # nothing granted yet
-        self.expires_at: float | None = None  # set once the run ended (its tail)
-
-    def outstanding(self, i: int) -> float:
-        return max(0.0, self.ceiling[i] - self.seen[i])
-
-
-class ReferenceAllowances:
-    """``TenantAllowances`` as it was before its calls were cut (verbatim)."""
-
-    def __init__(self, budget: TenantBudget, *, fraction: float = 0.05, tail_s: float = 5.0):
-        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
-            raise InvalidInput(f"fraction must be in (0, 1], got {fraction!r}")
-        self.budget = budget
-        self.fraction = fraction
-        self.tail_s = tail_s
-        self._entries: dict[str, _RefEntry] = {}
-        # The budget's own lock and its list of outstanding grants per metric: its
-        # reservations and these grants are checked against each other atomically.
-        self._out = budget._granted
-        self._live = 0  # entries of live runs (the others are tails)
-        # The tails by when they expire, a heap of (expires_at, run id): expiring them costs
-        # O(log n) per tail instead of a scan of every entry at each grant (O(live runs) per
-        # admission: 37% of the control path's CPU on benchmarks/bench_ingest.py's fleet).
-        self._tails: list[tuple[float, str]] = []
-        # The last need asked for per metric: a new run's first grant is at least that much
-        # when there is room, so a run does not start with less than one typical call.
-        self._typical = [0.0, 0.0]
-        self._lock = budget._lock
-
-    # -- reading ----------------------------------------------------------------------------
-    def tracked(self) -> bool:
-        """Whether the tenant has a window an allowance can be cut from."""
-        return any(r.metric in ALLOWANCE_METRICS for r in self.budget.limits.rolling)
-
-    def outstanding(self) -> tuple[float, float]:
-        """Granted but unspent (cost_usd, tokens), over every run of the tenant."""
-        with self._lock:
-            return (self._out[0], self._out[1])
-
-    def grant_of(self, run_id: str) -> _Grant | None:
-        with self._lock:
-            e = self._entries.get(run_id)
-            return None if e is None else self._grant_locked(run_id, e)
-
-    def __contains__(self, run_id: str) -> bool:
-        return run_id in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
+class ReferenceAllowances(TenantAllowances):
+    """``TenantAllowances`` with the methods that changed as they were (the reference); the
+    others (reading, ``observe_many``, ``spend_late``, expiry) are inherited unchanged."""
 
     # -- grants -----------------------------------------------------------------------------
     def grant(
@@ -100,17 +40,13 @@ class ReferenceAllowances:
         need_cost_usd: float = 0.0,
         need_tokens: float = 0.0,
         seen: tuple[float, float] = (0.0, 0.0),
-    ) -> _Grant:
-        """Grant ``run_id`` at least the ``need`` more (a chunk when nothing is needed, e.g.
-        at admission), all or nothing: when ``need`` does not fit under what the tenant has
-        left, nothing changes and the answer is ``exhausted``. ``seen`` is the run's usage
-        already in the windows when it is new here (a run re-registered after a restart)."""
+    ) -> AllowanceGrant:
         need = [_finite(need_cost_usd), _finite(need_tokens)]
         with self._lock:
             self._expire_locked(now)
             e = self._entries.get(run_id)
             if e is None:
-                e = self._entries[run_id] = _RefEntry([_finite(seen[0]), _finite(seen[1])])
+                e = self._entries[run_id] = _Entry([_finite(seen[0]), _finite(seen[1])])
                 self._live += 1
             if e.expires_at is not None:  # ended: nothing more for it
                 return self._grant_locked(run_id, e)
@@ -125,7 +61,7 @@ class ReferenceAllowances:
                 if need[i] > available + _EPS:
                     self.budget._refused[i] = need[i]  # new runs are denied meanwhile
                     metric = ALLOWANCE_METRICS[i]
-                    return _Grant(
+                    return AllowanceGrant(
                         run_id,
                         *self._ceilings_locked(e),
                         exhausted=True,
@@ -160,7 +96,7 @@ class ReferenceAllowances:
                 out[i] = min(out[i], r.limit)
         return out
 
-    def _ceilings_locked(self, e: _RefEntry) -> tuple[float | None, float | None]:
+    def _ceilings_locked(self, e: _Entry) -> tuple[float | None, float | None]:
         has = [False, False]
         for r in self.budget.limits.rolling:
             if r.metric in ALLOWANCE_METRICS:
@@ -170,41 +106,18 @@ class ReferenceAllowances:
             e.ceiling[1] if has[1] else None,
         )
 
-    def _grant_locked(self, run_id: str, e: _RefEntry) -> _Grant:
-        return _Grant(run_id, *self._ceilings_locked(e))
+    def _grant_locked(self, run_id: str, e: _Entry) -> AllowanceGrant:
+        return AllowanceGrant(run_id, *self._ceilings_locked(e))
 
     # -- spending and releasing ---------------------------------------------------------------
     def observe(self, run_id: str, cost_usd: float, tokens: float) -> None:
-        """The run's cumulative usage as the guard now sees it (it only grows): what it
-        spent moves from its outstanding grant into the windows."""
         v = [_finite(cost_usd), _finite(tokens)]
         with self._lock:
             e = self._entries.get(run_id)
             if e is not None:
                 self._set_seen_locked(e, v, cumulative=True)
 
-    def observe_many(self, items: list[tuple[str, float, float]]) -> None:
-        """:meth:`observe` for several runs ``(run_id, cost_usd, tokens)`` in one lock (the
-        guard's per-request batch; the values come from budgets, which only hold finite
-        amounts >= 0)."""
-        entries = self._entries
-        with self._lock:
-            for run_id, cost, tokens in items:
-                e = entries.get(run_id)
-                if e is not None and (cost > e.seen[0] or tokens > e.seen[1]):
-                    self._set_seen_locked(e, [cost, tokens], cumulative=True)
-
-    def spend_late(self, run_id: str, cost_usd: float, tokens: float) -> None:
-        """Usage of a run that already ended (its late spans): consumes its tail."""
-        v = [_finite(cost_usd), _finite(tokens)]
-        with self._lock:
-            e = self._entries.get(run_id)
-            if e is not None:
-                self._set_seen_locked(e, v, cumulative=False)
-                if all(e.outstanding(i) <= _EPS for i in range(2)):
-                    self._drop_locked(run_id)
-
-    def _set_seen_locked(self, e: _RefEntry, v: list[float], *, cumulative: bool) -> None:
+    def _set_seen_locked(self, e: _Entry, v: list[float], *, cumulative: bool) -> None:
         for i in range(2):
             before = e.outstanding(i)
             e.seen[i] = max(e.seen[i], v[i]) if cumulative else e.seen[i] + v[i]
@@ -213,9 +126,6 @@ class ReferenceAllowances:
                 self._out[i] = max(0.0, self._out[i])
 
     def release(self, run_id: str, now: float, *, final: tuple[float, float] | None = None) -> None:
-        """The run ended (any way). Its outstanding grant goes back to the tenant, except a
-        tail up to its ``final`` cumulative usage (the agent's count) not seen yet, held for
-        ``tail_s`` for the spans still on their way. Idempotent."""
         with self._lock:
             e = self._entries.get(run_id)
             if e is None or e.expires_at is not None:
@@ -241,20 +151,6 @@ class ReferenceAllowances:
                 self._live -= 1
             for i in range(2):
                 self._out[i] = max(0.0, self._out[i] - e.outstanding(i))
-
-    def _expire_locked(self, now: float) -> None:
-        tails = self._tails
-        while tails and tails[0][0] <= now:
-            expires_at, rid = heapq.heappop(tails)
-            e = self._entries.get(rid)
-            # still that tail (not dropped since, nor a new entry under the same id)
-            if e is not None and e.expires_at == expires_at:
-                self._drop_locked(rid)
-
-    def expire(self, now: float) -> None:
-        """Give back the tails whose time is up."""
-        with self._lock:
-            self._expire_locked(now)
 
 
 _SHAPES = [

@@ -1,15 +1,13 @@
 """The tenant budget's window reads (``TenantBudget``: each limit's window and threshold
 worked out once per policy, a window's total read without an update when nothing slid out,
 the refused-need check skipped when nothing was refused) against the code they replaced, kept
-here verbatim as the reference: for any sequence of admissions, ends, spend, reservations,
-allowance grants and policy reloads, at any clock, both give the same decisions, the same
-figures and the same window state."""
+here as the reference (the methods that changed, as they were, in subclasses): for any
+sequence of admissions, ends, spend, reservations, allowance grants and policy reloads, at any
+clock, both give the same decisions, the same figures and the same window state."""
 
 from __future__ import annotations
 
 import math
-import threading
-from array import array
 from typing import Any
 
 from hypothesis import example, given, settings
@@ -17,71 +15,24 @@ from hypothesis import strategies as st
 
 from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy import (
-    CONTINUE,
     Decision,
     RollingLimit,
+    RollingWindow,
     TenantAllowances,
     TenantBudget,
     TenantLimits,
     Usage,
 )
-from guard.policy._rolling import (
-    TenantReservation,
-    _metric_value,
-    concurrency_reached,
-    nothing_to_grant,
-    window_reached,
-)
+from guard.policy._rolling import TenantReservation, nothing_to_grant
 from guard.policy._window import WINDOW_CAP, _saturate
 
 
-class ReferenceWindow:
-    """A bucketed sliding-window sum (see the module docstring for the exact semantics)."""
+class ReferenceWindow(RollingWindow):
+    """:class:`RollingWindow` with ``add`` and ``total`` as they were (the reference)."""
 
-    __slots__ = ("_head", "_ids", "_sums", "_total", "buckets", "width_s", "window_s")
-
-    def __init__(self, window_s: float, *, buckets: int = 60) -> None:
-        if not (isinstance(window_s, int | float) and math.isfinite(window_s) and window_s > 0):
-            raise InvalidInput(f"window_s must be a finite number > 0, got {window_s!r}")
-        if not isinstance(buckets, int) or buckets < 1:
-            raise InvalidInput(f"buckets must be an int >= 1, got {buckets!r}")
-        self.window_s = float(window_s)
-        self.buckets = buckets
-        self.width_s = self.window_s / buckets
-        self._sums = array("d", bytes(8 * buckets))
-        self._ids = array("q", [-(2**62)] * buckets)  # bucket id held by each slot
-        self._head: int | None = None  # newest bucket id seen
-        self._total = 0.0
-
-    def _bucket(self, t: float) -> int:
-        return math.floor(t / self.width_s)
-
-    def _advance(self, now: float) -> int:
-        b = self._bucket(now)
-        if self._head is None:
-            self._head = b
-            return b
-        if b <= self._head:
-            return self._head
-        oldest_live = b - self.buckets + 1
-        if b - self._head >= self.buckets:
-            for i in range(self.buckets):
-                self._sums[i] = 0.0
-            self._total = 0.0
-        else:
-            for k in range(self._head + 1, b + 1):
-                slot = k % self.buckets
-                if self._ids[slot] < oldest_live:
-                    self._total -= self._sums[slot]
-                    self._sums[slot] = 0.0
-        self._head = b
-        if abs(self._total) < 1e-9:
-            # Float subtraction drift: when every bucket is empty the sum is exactly zero.
-            self._total = math.fsum(self._sums)
-        return b
+    __slots__ = ()
 
     def add(self, now: float, value: float) -> None:
-        """Add ``value`` at time ``now`` (values may be negative, e.g. to undo a charge)."""
         if not math.isfinite(value):
             raise InvalidInput(f"rolling window value must be finite, got {value!r}")
         head = self._advance(now)
@@ -93,9 +44,6 @@ class ReferenceWindow:
             self._total -= self._sums[slot]
             self._sums[slot] = 0.0
             self._ids[slot] = b
-        # A sum of finite values can still overflow to inf (which would stop a tenant
-        # forever and poison every later sum): bucket and total saturate at WINDOW_CAP, far
-        # above any limit, so the window still reads "over its limit" and stays finite.
         new = self._sums[slot] + value
         if -WINDOW_CAP <= new <= WINDOW_CAP and -WINDOW_CAP <= self._total + value <= WINDOW_CAP:
             self._sums[slot] = new
@@ -105,68 +53,24 @@ class ReferenceWindow:
             self._total = _saturate(math.fsum(self._sums))
 
     def total(self, now: float) -> float:
-        """Sum of the values in the window ending at ``now``."""
         self._advance(now)
         return self._total
 
 
-class ReferenceBudget:
-    """A tenant's rolling budgets and concurrent-runs cap. Thread-safe.
-
-    Exhausting any window stops the tenant's live runs (``record`` returns STOP) and denies new
-    ones (``admit`` returns STOP) until enough of the window has slid past.
-    """
+class ReferenceBudget(TenantBudget):
+    """:class:`TenantBudget` with its window reads as they were (the reference), on
+    reference windows."""
 
     def __init__(self, tenant: str, limits: TenantLimits, *, buckets: int = 60) -> None:
-        self.tenant = tenant
-        self.limits = limits
-        self.live_runs = 0
-        self._buckets = buckets
-        self._lock = threading.Lock()
+        super().__init__(tenant, limits, buckets=buckets)
         self._windows = [ReferenceWindow(r.window_s, buckets=buckets) for r in limits.rolling]
-        self._held = {"cost_usd": 0.0, "tokens": 0.0}
-        # Outstanding allowance grants (cost_usd, tokens), kept by TenantAllowances under this
-        # budget's lock: a reservation must not take what is already granted to a run.
-        self._granted = [0.0, 0.0]
-        # The need the allowances last refused (cost_usd, tokens): while what is left to grant
-        # stays below it, a new run would be refused the same way, so it is denied instead.
-        self._refused = [0.0, 0.0]
-
-    def _used(self, i: int, now: float) -> float:
-        r = self.limits.rolling[i]
-        return self._windows[i].total(now) + self._held.get(r.metric, 0.0)
 
     def _exhausted_locked(self, now: float) -> tuple[str, float, float] | None:
         for i, r in enumerate(self.limits.rolling):
             used = self._used(i, now)
-            # Float sums of exact spends (25 x 0.02) land a hair below the limit: reached.
             if used >= r.limit - 1e-9 * max(1.0, r.limit):
                 return (r.metric, used, r.limit)
         return None
-
-    def _window_of(self, metric: str) -> float | None:
-        for r in self.limits.rolling:
-            if r.metric == metric:
-                return r.window_s
-        return None
-
-    def admit(self, now: float) -> Decision:
-        """Admit a new run (counts it) or deny it with STOP/TENANT_BUDGET."""
-        with self._lock:
-            cap = self.limits.max_concurrent_runs
-            if cap is not None and self.live_runs >= cap:
-                return concurrency_reached(self.tenant, self.live_runs, cap)
-            hit = self._exhausted_locked(now)
-            if hit is not None:
-                return window_reached(self.tenant, *hit, self._window_of(hit[0]))
-            short = self._nothing_to_grant_locked(now)
-            if short is not None:
-                return short
-            for i, r in enumerate(self.limits.rolling):
-                if r.metric == "runs":
-                    self._windows[i].add(now, 1.0)
-            self.live_runs += 1
-            return CONTINUE
 
     def _nothing_to_grant_locked(self, now: float) -> Decision | None:
         head = self._headroom_locked(now)
@@ -179,65 +83,6 @@ class ReferenceBudget:
                 return nothing_to_grant(self.tenant, metric, left, need, self._granted[j])
         return None
 
-    def run_ended(self) -> None:
-        with self._lock:
-            self.live_runs = max(0, self.live_runs - 1)
-
-    def record(self, now: float, delta: Usage) -> Decision:
-        """Add a run's new spend; STOP/TENANT_BUDGET once any window is reached."""
-        with self._lock:
-            for i, r in enumerate(self.limits.rolling):
-                v = _metric_value(r.metric, delta)
-                if v:
-                    self._windows[i].add(now, v)
-            hit = self._exhausted_locked(now)
-        if hit is not None:
-            return window_reached(self.tenant, *hit, self._window_of(hit[0]))
-        return CONTINUE
-
-    def reserve(self, now: float, *, cost_usd: float = 0.0, tokens: int = 0) -> Any:
-        """Hold an estimate so parallel calls of one tenant cannot oversell a window.
-
-        Raises :class:`guard.errors.BudgetExceeded` when the estimate does not fit.
-        """
-        from guard.errors import BudgetExceeded
-
-        if cost_usd < 0 or tokens < 0 or not math.isfinite(cost_usd):
-            raise InvalidInput(f"reservation must be >= 0 (cost_usd={cost_usd}, tokens={tokens})")
-        with self._lock:
-            for i, r in enumerate(self.limits.rolling):
-                want = cost_usd if r.metric == "cost_usd" else tokens if r.metric == "tokens" else 0
-                if not want:
-                    continue
-                used = self._used(i, now)
-                granted = self._granted[0 if r.metric == "cost_usd" else 1]
-                available = max(0.0, r.limit - used - granted)
-                if want > available + 1e-12:
-                    raise BudgetExceeded(
-                        f"tenant {self.tenant}: reserving {r.metric}={want:g} would oversell "
-                        f"the {r.window_s:g}s window (limit {r.limit:g}, used {used:g})",
-                        metric=r.metric,
-                        requested=float(want),
-                        available=available,
-                    )
-            self._held["cost_usd"] += cost_usd
-            self._held["tokens"] += tokens
-            return TenantReservation(self, cost_usd, tokens)
-
-    def _unreserve(self, res: TenantReservation) -> None:
-        with self._lock:
-            if res.done:
-                return
-            res.done = True
-            self._held["cost_usd"] -= res.cost_usd
-            self._held["tokens"] -= res.tokens
-
-    def headroom(self, now: float) -> tuple[float | None, float | None]:
-        """What the ``cost_usd`` and ``tokens`` windows have left (the tightest window of each,
-        net of held reservations, floored at 0); ``None`` = no window of that metric."""
-        with self._lock:
-            return self._headroom_locked(now)
-
     def _headroom_locked(self, now: float) -> tuple[float | None, float | None]:
         out: list[float | None] = [None, None]
         for i, r in enumerate(self.limits.rolling):
@@ -249,21 +94,7 @@ class ReferenceBudget:
             out[j] = left if prev is None else min(prev, left)
         return (out[0], out[1])
 
-    def status(self, now: float) -> list[tuple[str, float, float, float]]:
-        """``(metric, window_s, used, limit)`` for every rolling limit."""
-        with self._lock:
-            return [
-                (r.metric, r.window_s, self._used(i, now), r.limit)
-                for i, r in enumerate(self.limits.rolling)
-            ]
-
-    def exhausted(self, now: float) -> tuple[str, float, float] | None:
-        """``(metric, used, limit)`` of the first exhausted window, else ``None``."""
-        with self._lock:
-            return self._exhausted_locked(now)
-
     def set_limits(self, limits: TenantLimits) -> None:
-        """Replace the limits (policy reload); windows of unchanged limits keep their data."""
         with self._lock:
             old = dict(zip(self.limits.rolling, self._windows, strict=True))
             self.limits = limits
@@ -412,8 +243,6 @@ def test_the_tenant_budget_equals_the_reference_for_any_sequence(shape, ops):
     ),
 )
 def test_a_window_reads_and_adds_exactly_as_the_reference(window_s, buckets, steps):
-    from guard.policy import RollingWindow
-
     fast, ref = RollingWindow(window_s, buckets=buckets), ReferenceWindow(window_s, buckets=buckets)
     for now, value in steps:
         assert fast.total(now) == ref.total(now)
