@@ -7,9 +7,14 @@ Raises :class:`guard.errors.InvalidInput` / ``InputTooLarge`` and changes nothin
 
 from __future__ import annotations
 
+import time
+
 from guard.bounds import (
     MAX_COST_USD_PER_RECORD,
+    MAX_FUTURE_S,
+    MAX_ID_CHARS,
     MAX_RUNS_PER_MESSAGE,
+    MIN_UNIX_S,
     check_count,
     check_finite,
     check_id,
@@ -26,13 +31,23 @@ __all__ = [
     "check_heartbeat",
     "check_hello",
     "check_run_started",
+    "ids_fit",
 ]
 
 MAX_BATCH_MESSAGES = 1024  # messages in one AgentBatch / GuardBatch (the proto says so)
 
 
+_HEX = "0123456789abcdefABCDEF"
+
+
+def ids_fit(*ids: str) -> bool:
+    """Whether every one of ``ids`` is at most :data:`~guard.bounds.MAX_ID_CHARS` long (the
+    one test of the control path's fast checks; ``check_id`` words a failure)."""
+    return max(map(len, ids)) <= MAX_ID_CHARS
+
+
 def _check_trace_hex(name: str, value: str) -> None:
-    if value and (len(value) != 32 or value.strip("0123456789abcdefABCDEF")):
+    if value and (len(value) != 32 or value.strip(_HEX)):
         raise InvalidInput(f"{name} {value[:40]!r} is not 32 hex characters")
 
 
@@ -40,18 +55,39 @@ def check_run_started(rs: pb.RunStarted) -> None:
     """Validate one ``RunStarted`` (or ``Hello.live_runs`` entry) against the bounds.
 
     Ids and names, the trace id, the start time, the requested limits and the re-registered
-    usage; raises ``InvalidInput`` / ``InputTooLarge`` and changes nothing.
+    usage; raises ``InvalidInput`` / ``InputTooLarge`` and changes nothing. Once per run on the
+    control path: the ids, trace and start time are tested in one expression, and checked one
+    by one (:func:`_check_run_started_fields`, whose words they raise) only when one fails.
     """
+    run_id, parent, tenant, agent, trace = (
+        rs.run_id,
+        rs.parent_run_id,
+        rs.tenant,
+        rs.agent,
+        rs.trace_id,
+    )
+    started = rs.started_at_unix
+    if not (
+        run_id
+        and ids_fit(run_id, parent, tenant, agent)
+        and (not trace or (len(trace) == 32 and not trace.strip(_HEX)))
+        # NaN fails both comparisons: the checks then say it is not finite
+        and (started == 0.0 or MIN_UNIX_S <= started <= time.time() + MAX_FUTURE_S)
+    ):
+        _check_run_started_fields(rs)
+    if rs.HasField("requested"):
+        limits_from_pb(rs.requested)
+    if rs.HasField("usage"):
+        usage_from_pb(rs.usage)
+
+
+def _check_run_started_fields(rs: pb.RunStarted) -> None:
     check_id("run_started.run_id", rs.run_id, required=True)
     check_id("run_started.parent_run_id", rs.parent_run_id)
     check_id("run_started.tenant", rs.tenant)
     check_id("run_started.agent", rs.agent)
     _check_trace_hex("run_started.trace_id", rs.trace_id)
     check_unix("run_started.started_at_unix", rs.started_at_unix)
-    if rs.HasField("requested"):
-        limits_from_pb(rs.requested)
-    if rs.HasField("usage"):
-        usage_from_pb(rs.usage)
 
 
 def _check_runs_in_message(name: str, n: int) -> None:

@@ -44,13 +44,23 @@ def envelope_to_pb(command_id: int, sent_at_unix: float) -> pb.GuardMessage:
 
 _ADMIT_LIMITS: dict[Any, pb.Limits] = {}  # effective Limits -> its message (most runs share one)
 _ADMIT_LIMITS_MAX = 256
+_ADMIT_LAST: list[tuple[Any, Any]] = [(None, None)]  # the last (Limits, message) used
 
 
-def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version: str) -> Any:
+def admit_to_pb(
+    run_id: str, request_id: int, effective: Any, price_book_version: str, into: Any = None
+) -> Any:
     """An Admit with the run's effective limits. Their message is built once per distinct
-    (frozen) ``Limits`` value and copied into each Admit: every admission pays for it else."""
-    msg = pb.Admit(run_id=run_id, request_id=request_id, price_book_version=price_book_version)
-    limits = _ADMIT_LIMITS.get(effective)
+    (frozen) ``Limits`` value and copied into each Admit: every admission pays for it else.
+    ``into``: an Admit to fill in place (a command's body, see ``AgentSession.compose``)."""
+    msg = pb.Admit() if into is None else into
+    msg.run_id = run_id
+    msg.request_id = request_id
+    msg.price_book_version = price_book_version
+    # most admissions carry the very Limits object of the one before (the policy's run
+    # defaults): the identity check spares hashing its fields
+    last = _ADMIT_LAST[0]
+    limits = last[1] if last[0] is effective else _ADMIT_LIMITS.get(effective)
     if limits is None:
         from guard.wire import limits_to_pb
 
@@ -58,6 +68,7 @@ def admit_to_pb(run_id: str, request_id: int, effective: Any, price_book_version
         if len(_ADMIT_LIMITS) >= _ADMIT_LIMITS_MAX:
             _ADMIT_LIMITS.clear()  # many distinct limits (requested per run): start over
         _ADMIT_LIMITS[effective] = limits
+    _ADMIT_LAST[0] = (effective, limits)
     msg.effective.CopyFrom(limits)
     return msg
 
@@ -89,11 +100,16 @@ def allowance_to_pb(
     detail: str = "",
     max_cost_usd: float | None = None,
     max_tokens: float | None = None,
+    into: Any = None,
 ) -> pb.Allowance:
-    """An allowance; ``ttl_s=0`` (the default) tells the SDK it has none (unknown run)."""
-    msg = pb.Allowance(
-        run_id=run_id, request_id=request_id, ttl_s=ttl_s, exhausted=exhausted, detail=detail
-    )
+    """An allowance; ``ttl_s=0`` (the default) tells the SDK it has none (unknown run).
+    ``into``: an Allowance to fill in place (a command's body)."""
+    msg = pb.Allowance() if into is None else into
+    msg.run_id = run_id
+    msg.request_id = request_id
+    msg.ttl_s = ttl_s
+    msg.exhausted = exhausted
+    msg.detail = detail
     if max_cost_usd is not None:
         msg.max_cost_usd = max_cost_usd
     if max_tokens is not None:
@@ -101,8 +117,10 @@ def allowance_to_pb(
     return msg
 
 
-def record_ack_to_pb(run_id: str) -> pb.RecordAck:
-    return pb.RecordAck(run_id=run_id)
+def record_ack_to_pb(run_id: str, into: Any = None) -> pb.RecordAck:
+    msg = pb.RecordAck() if into is None else into
+    msg.run_id = run_id
+    return msg
 
 
 def guard_batch_to_pb(messages: list[pb.GuardMessage]) -> pb.GuardMessage:

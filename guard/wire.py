@@ -22,25 +22,16 @@ from typing import TYPE_CHECKING, Any
 from guard.bounds import (
     MAX_COST_USD_PER_RECORD,
     MAX_COUNTER,
-    MAX_ID_CHARS,
     MAX_LIMIT_S,
-    MAX_TEXT_CHARS,
     check_count,
     check_finite,
-    check_id,
-    check_text,
-    check_unix,
 )
 from guard.errors import InputTooLarge, InvalidInput
 from guard.policy._types import (
     DEFAULT_SOFT_THRESHOLDS,
     USAGE_COUNTERS,
-    DecidedBy,
     Limits,
     LoopSettings,
-    Outcome,
-    Reason,
-    Status,
     Usage,
 )
 from guard.v1 import guard_pb2 as pb
@@ -60,6 +51,7 @@ __all__ = [
     "check_hello",
     "check_run_started",
     "directive_to_pb",
+    "encode_batch",
     "envelope_to_pb",
     "guard_batch_to_pb",
     "limits_from_pb",
@@ -77,6 +69,7 @@ __all__ = [
     "run_status_to_pb",
     "stats_response_to_pb",
     "take_batch",
+    "take_encoded",
     "tenant_budget_to_pb",
     "tenant_budgets_response_to_pb",
     "usage_from_pb",
@@ -207,110 +200,6 @@ def usage_from_pb(msg: pb.Usage | None) -> Usage:
     return usage
 
 
-# -------------------------------------------------------------------------------- outcome
-
-
-def outcome_to_pb(outcome: Outcome) -> pb.Outcome:
-    """Policy :class:`Outcome` -> ``guard.v1.Outcome``."""
-    msg = pb.Outcome(
-        run_id=outcome.run_id,
-        parent_run_id=outcome.parent_run_id or "",
-        tenant=outcome.tenant or "",
-        agent=outcome.agent or "",
-        status=str(Status(outcome.status).value),
-        reason=str(Reason(outcome.reason).value),
-        # cut to the bounds the guard enforces, so a long exception text or tool name is
-        # never a record the guard must refuse (the agent would resend it forever)
-        message=(outcome.message or "")[:MAX_TEXT_CHARS],
-        usage=usage_to_pb(outcome.usage),
-        elapsed_ms=max(0, int(outcome.elapsed_ms)),
-        last_tool=(outcome.last_tool or "")[:MAX_ID_CHARS],
-        last_action_hash=outcome.last_action_hash or "",
-        loop_hits=max(0, int(outcome.loop_hits)),
-        partial_result=bool(outcome.partial_result),
-        recoverable=bool(outcome.recoverable),
-        decided_by=str(DecidedBy(outcome.decided_by).value),
-        price_book_version=outcome.price_book_version or "",
-        started_at_unix=float(outcome.started_at),
-        ended_at_unix=float(outcome.ended_at),
-        trace_id=outcome.trace_id or "",
-    )
-    if outcome.deadline_ms is not None:
-        msg.deadline_ms = max(0, int(outcome.deadline_ms))
-    return msg
-
-
-def _enum(kind: type, field: str, value: str, default: Any = None) -> Any:
-    if not value and default is not None:
-        return default
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise InvalidInput(f"outcome.{field} {value!r} is not one of: {allowed}") from None
-
-
-_OUTCOME_IDS = (
-    "parent_run_id",
-    "tenant",
-    "agent",
-    "status",
-    "reason",
-    "last_tool",
-    "last_action_hash",
-    "decided_by",
-    "price_book_version",
-    "trace_id",
-)
-
-
-def outcome_from_pb(msg: pb.Outcome) -> Outcome:
-    """``guard.v1.Outcome`` -> policy :class:`Outcome`.
-
-    Raises :class:`InvalidInput` for a missing run_id or an unknown status/reason.
-    """
-    check_id("outcome.run_id", msg.run_id, required=True)
-    for name in _OUTCOME_IDS:
-        check_id(f"outcome.{name}", getattr(msg, name))
-    check_text("outcome.message", msg.message)
-    usage = usage_from_pb(msg.usage)
-    started = check_unix("outcome.started_at_unix", msg.started_at_unix)
-    ended = check_unix("outcome.ended_at_unix", msg.ended_at_unix)
-    check_count("outcome.elapsed_ms", msg.elapsed_ms)
-    if msg.HasField("deadline_ms"):
-        check_count("outcome.deadline_ms", msg.deadline_ms)
-    return Outcome(
-        run_id=msg.run_id,
-        status=_enum(Status, "status", msg.status),
-        reason=_enum(Reason, "reason", msg.reason),
-        message=msg.message,
-        parent_run_id=msg.parent_run_id or None,
-        tenant=msg.tenant,
-        agent=msg.agent,
-        trace_id=msg.trace_id,
-        steps=usage.steps,
-        model_calls=usage.model_calls,
-        tool_calls=usage.tool_calls,
-        tool_attempts=usage.tool_attempts,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        reasoning_tokens=usage.reasoning_tokens,
-        cached_tokens=usage.cached_tokens,
-        cost_usd=usage.cost_usd,
-        elapsed_ms=int(msg.elapsed_ms),
-        deadline_ms=int(msg.deadline_ms) if msg.HasField("deadline_ms") else None,
-        last_tool=msg.last_tool or None,
-        last_action_hash=msg.last_action_hash or None,
-        loop_hits=int(msg.loop_hits),
-        partial_result=msg.partial_result,
-        recoverable=msg.recoverable,
-        decided_by=_enum(DecidedBy, "decided_by", msg.decided_by, DecidedBy.SDK),
-        price_book_version=msg.price_book_version,
-        started_at=started,
-        ended_at=ended,
-    )
-
-
 # ------------------------------------------------------------------------ price book, policy
 
 
@@ -368,7 +257,7 @@ def policy_from_pb(msg: pb.Policy) -> tuple[str, Limits, PriceBook]:
 
 # The control stream's validation, the guard's commands and its admin answers: kept in their
 # own modules, part of this one (the checks use limits_from_pb / usage_from_pb above).
-from guard._wire_batch import MAX_BATCH_BYTES, take_batch  # noqa: E402
+from guard._wire_batch import MAX_BATCH_BYTES, encode_batch, take_batch, take_encoded  # noqa: E402
 from guard._wire_checks import (  # noqa: E402
     MAX_BATCH_MESSAGES,
     check_allowance_request,
@@ -394,3 +283,4 @@ from guard._wire_commands import (  # noqa: E402
     tenant_budgets_response_to_pb,
     welcome_to_pb,
 )
+from guard._wire_outcome import outcome_from_pb, outcome_to_pb  # noqa: E402

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+import sys
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from guard.errors import InvalidInput
 from guard.policy._rolling import TenantBudget
@@ -48,9 +50,11 @@ def short_of_grant(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class AllowanceGrant:
-    """A run's ceilings after a grant (``None`` = that metric has no tenant window)."""
+class AllowanceGrant(NamedTuple):
+    """A run's ceilings after a grant (``None`` = that metric has no tenant window).
+
+    Immutable (a named tuple: one is made per admission on the guard's control path, at a
+    fraction of a frozen dataclass's cost)."""
 
     run_id: str
     max_cost_usd: float | None
@@ -72,7 +76,16 @@ class _Entry:
 
 
 class TenantAllowances:
-    """The grants of one tenant (see the module docstring for the accounting)."""
+    """The grants of one tenant (see the module docstring for the accounting).
+
+    Each admission of a root run grants and each end releases, so these run once per run on
+    the guard's control path. They keep their arithmetic exactly (the same operations in the
+    same order: ``tests/policy/test_policy_allowance_reference.py`` holds them equal to the
+    code they replaced, bit for bit) with few calls: ``max``/``min`` of two floats written
+    inline as ``b if b > a else a`` (which is what ``max(a, b)`` returns, ties and signed
+    zeros included), the limits of the tenant's windows read once per policy
+    (:meth:`_spec`), the tails looked at only when one is due.
+    """
 
     def __init__(self, budget: TenantBudget, *, fraction: float = 0.05, tail_s: float = 5.0):
         if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
@@ -93,6 +106,7 @@ class TenantAllowances:
         # when there is room, so a run does not start with less than one typical call.
         self._typical = [0.0, 0.0]
         self._lock = budget._lock
+        self._spec_of: tuple[Any, tuple[float, float], tuple[bool, bool]] | None = None
 
     # -- reading ----------------------------------------------------------------------------
     def tracked(self) -> bool:
@@ -129,79 +143,84 @@ class TenantAllowances:
         at admission), all or nothing: when ``need`` does not fit under what the tenant has
         left, nothing changes and the answer is ``exhausted``. ``seen`` is the run's usage
         already in the windows when it is new here (a run re-registered after a restart)."""
-        need = [_finite(need_cost_usd), _finite(need_tokens)]
+        need = _finite_pair(need_cost_usd, need_tokens)
         with self._lock:
-            self._expire_locked(now)
+            if self._tails and self._tails[0][0] <= now:
+                self._expire_locked(now)
             e = self._entries.get(run_id)
             if e is None:
-                e = self._entries[run_id] = _Entry([_finite(seen[0]), _finite(seen[1])])
+                e = self._entries[run_id] = _Entry(list(_finite_pair(seen[0], seen[1])))
                 self._live += 1
             if e.expires_at is not None:  # ended: nothing more for it
                 return self._grant_locked(run_id, e)
             head = self.budget._headroom_locked(now)
-            limits = self._limits()
-            sharers = max(1, self._live)
+            limits = self._spec()[1]
+            sharers = self._live if self._live > 1 else 1
+            out, typical = self._out, self._typical
             add = [0.0, 0.0]
-            for i, h in enumerate(head):
+            for i in (0, 1):
+                h = head[i]
                 if h is None:
                     continue
-                available = max(0.0, h - self._out[i])
-                if need[i] > available + _EPS:
-                    self.budget._refused[i] = need[i]  # new runs are denied meanwhile
-                    metric = ALLOWANCE_METRICS[i]
-                    return AllowanceGrant(
-                        run_id,
-                        *self._ceilings_locked(e),
-                        exhausted=True,
-                        detail=short_of_grant(
-                            self.budget.tenant,
-                            metric,
-                            need[i],
-                            available,
-                            limits[i],
-                            limits[i] - h,
-                            self._out[i],
-                        ),
-                    )
-                chunk = min(limits[i] * self.fraction, available / sharers)
-                if need[i]:
-                    self._typical[i] = need[i]
-                else:
-                    chunk = max(chunk, self._typical[i])
-                add[i] = min(available, max(need[i], chunk))
-            for i in range(2):
+                available = h - out[i]
+                if not available > 0.0:
+                    available = 0.0
+                n = need[i]
+                if n > available + _EPS:
+                    self.budget._refused[i] = n  # new runs are denied meanwhile
+                    return self._exhausted_locked(run_id, e, i, n, available, h, limits[i])
+                chunk = limits[i] * self.fraction
+                share = available / sharers
+                if share < chunk:
+                    chunk = share
+                if n:
+                    typical[i] = n
+                elif typical[i] > chunk:
+                    chunk = typical[i]
+                more = chunk if chunk > n else n
+                add[i] = more if more < available else available
+            seen_, ceiling = e.seen, e.ceiling
+            for i in (0, 1):
                 if add[i] > 0.0:
-                    before = e.outstanding(i)
-                    e.ceiling[i] = max(e.ceiling[i], e.seen[i]) + add[i]
-                    self._out[i] += e.outstanding(i) - before
+                    s, c = seen_[i], ceiling[i]
+                    before = c - s if c - s > 0.0 else 0.0
+                    c = ceiling[i] = (s if s > c else c) + add[i]
+                    out[i] += (c - s if c - s > 0.0 else 0.0) - before
             return self._grant_locked(run_id, e)
 
-    def _limits(self) -> list[float]:
-        out = [math.inf, math.inf]
-        for r in self.budget.limits.rolling:
-            if r.metric in ALLOWANCE_METRICS:
-                i = ALLOWANCE_METRICS.index(r.metric)
-                out[i] = min(out[i], r.limit)
-        return out
-
-    def _ceilings_locked(self, e: _Entry) -> tuple[float | None, float | None]:
-        has = [False, False]
-        for r in self.budget.limits.rolling:
-            if r.metric in ALLOWANCE_METRICS:
-                has[ALLOWANCE_METRICS.index(r.metric)] = True
-        return (
-            e.ceiling[0] if has[0] else None,
-            e.ceiling[1] if has[1] else None,
+    def _exhausted_locked(
+        self, run_id: str, e: _Entry, i: int, need: float, available: float, h: float, lim: float
+    ) -> AllowanceGrant:
+        detail = short_of_grant(
+            self.budget.tenant, ALLOWANCE_METRICS[i], need, available, lim, lim - h, self._out[i]
         )
+        return self._grant_locked(run_id, e)._replace(exhausted=True, detail=detail)
+
+    def _spec(self) -> tuple[Any, tuple[float, float], tuple[bool, bool]]:
+        """(the budget's limits, the tightest limit of each metric, whether it has a window),
+        read again only when the budget's limits are replaced (a policy reload)."""
+        spec, limits = self._spec_of, self.budget.limits
+        if spec is None or spec[0] is not limits:
+            tightest, has = [math.inf, math.inf], [False, False]
+            for r in limits.rolling:
+                if r.metric in ALLOWANCE_METRICS:
+                    i = ALLOWANCE_METRICS.index(r.metric)
+                    tightest[i] = min(tightest[i], r.limit)
+                    has[i] = True
+            spec = self._spec_of = (limits, (tightest[0], tightest[1]), (has[0], has[1]))
+        return spec
 
     def _grant_locked(self, run_id: str, e: _Entry) -> AllowanceGrant:
-        return AllowanceGrant(run_id, *self._ceilings_locked(e))
+        has, ceiling = self._spec()[2], e.ceiling
+        return AllowanceGrant(
+            run_id, ceiling[0] if has[0] else None, ceiling[1] if has[1] else None
+        )
 
     # -- spending and releasing ---------------------------------------------------------------
     def observe(self, run_id: str, cost_usd: float, tokens: float) -> None:
         """The run's cumulative usage as the guard now sees it (it only grows): what it
         spent moves from its outstanding grant into the windows."""
-        v = [_finite(cost_usd), _finite(tokens)]
+        v = _finite_pair(cost_usd, tokens)
         with self._lock:
             e = self._entries.get(run_id)
             if e is not None:
@@ -228,30 +247,56 @@ class TenantAllowances:
                 if all(e.outstanding(i) <= _EPS for i in range(2)):
                     self._drop_locked(run_id)
 
-    def _set_seen_locked(self, e: _Entry, v: list[float], *, cumulative: bool) -> None:
-        for i in range(2):
-            before = e.outstanding(i)
-            e.seen[i] = max(e.seen[i], v[i]) if cumulative else e.seen[i] + v[i]
-            self._out[i] += e.outstanding(i) - before
-            if abs(self._out[i]) < 1e-9:
-                self._out[i] = max(0.0, self._out[i])
+    def _set_seen_locked(self, e: _Entry, v: Sequence[float], *, cumulative: bool) -> None:
+        seen, ceiling, out = e.seen, e.ceiling, self._out
+        for i in (0, 1):
+            s, c = seen[i], ceiling[i]
+            before = c - s if c - s > 0.0 else 0.0
+            if cumulative:
+                if v[i] > s:
+                    s = v[i]
+            else:
+                s = s + v[i]
+            seen[i] = s
+            o = out[i] = out[i] + ((c - s if c - s > 0.0 else 0.0) - before)
+            if -1e-9 < o < 1e-9:  # abs(o) < 1e-9: float drift around an empty ledger
+                out[i] = o if o > 0.0 else 0.0
 
-    def release(self, run_id: str, now: float, *, final: tuple[float, float] | None = None) -> None:
+    def release(
+        self,
+        run_id: str,
+        now: float,
+        *,
+        final: tuple[float, float] | None = None,
+        seen: tuple[float, float] | None = None,
+    ) -> None:
         """The run ended (any way). Its outstanding grant goes back to the tenant, except a
         tail up to its ``final`` cumulative usage (the agent's count) not seen yet, held for
-        ``tail_s`` for the spans still on their way. Idempotent."""
+        ``tail_s`` for the spans still on their way. ``seen``: the run's cumulative usage as
+        the guard sees it now, observed first (exactly :meth:`observe`, in the same lock).
+        Idempotent."""
+        v = None if seen is None else _finite_pair(seen[0], seen[1])
         with self._lock:
             e = self._entries.get(run_id)
-            if e is None or e.expires_at is not None:
+            if e is None:
+                return
+            if v is not None:
+                self._set_seen_locked(e, v, cumulative=True)
+            if e.expires_at is not None:
                 return
             if final is None:
                 self._drop_locked(run_id)
                 return
-            for i in range(2):
-                before = e.outstanding(i)
-                e.ceiling[i] = min(e.ceiling[i], max(e.seen[i], _finite(final[i])))
-                self._out[i] += e.outstanding(i) - before
-            if all(e.outstanding(i) <= _EPS for i in range(2)):
+            seen_, ceiling, out = e.seen, e.ceiling, self._out
+            for i in (0, 1):
+                s, c = seen_[i], ceiling[i]
+                before = c - s if c - s > 0.0 else 0.0
+                f = _finite(final[i])
+                top = f if f > s else s
+                c = ceiling[i] = top if top < c else c
+                out[i] += (c - s if c - s > 0.0 else 0.0) - before
+            left0, left1 = ceiling[0] - seen_[0], ceiling[1] - seen_[1]
+            if (left0 if left0 > 0.0 else 0.0) <= _EPS and (left1 if left1 > 0.0 else 0.0) <= _EPS:
                 self._drop_locked(run_id)
             else:
                 e.expires_at = now + self.tail_s
@@ -263,8 +308,11 @@ class TenantAllowances:
         if e is not None:
             if e.expires_at is None:
                 self._live -= 1
-            for i in range(2):
-                self._out[i] = max(0.0, self._out[i] - e.outstanding(i))
+            out, seen, ceiling = self._out, e.seen, e.ceiling
+            for i in (0, 1):
+                left = ceiling[i] - seen[i]
+                o = out[i] - (left if left > 0.0 else 0.0)
+                out[i] = o if o > 0.0 else 0.0
 
     def _expire_locked(self, now: float) -> None:
         tails = self._tails
@@ -279,6 +327,18 @@ class TenantAllowances:
         """Give back the tails whose time is up."""
         with self._lock:
             self._expire_locked(now)
+
+
+_FLOAT_MAX = sys.float_info.max
+
+
+def _finite_pair(a: float, b: float) -> tuple[float, float]:
+    """``(_finite(a), _finite(b))`` in one call (the same values, the same refusals)."""
+    a, b = float(a), float(b)
+    if not (0.0 <= a <= _FLOAT_MAX and 0.0 <= b <= _FLOAT_MAX):  # NaN fails them too
+        _finite(a)
+        _finite(b)
+    return (a, b)
 
 
 def _finite(v: float) -> float:

@@ -1,31 +1,15 @@
-"""Sliding windows for per-tenant budgets, and the tenant budget itself.
-
-Semantics of :class:`RollingWindow` (exact, and what the property test checks):
-
-* time is cut into buckets of width ``w = window_s / buckets``; an instant ``t`` belongs to
-  bucket ``floor(t / w)``;
-* ``total(now)`` is the sum of every value added at a time ``t`` whose bucket is one of the
-  ``buckets`` most recent ones, i.e. ``floor(now/w) - floor(t/w) < buckets``. So the window
-  covers between ``window_s - w`` and ``window_s`` seconds of history: it is the true sliding
-  sum over ``(now - window_s, now]`` rounded to bucket granularity;
-* time is monotonic: a ``now`` earlier than the latest seen is treated as the latest; a value
-  added with an old ``t`` lands in its own bucket if that bucket is still in the window, and is
-  dropped otherwise (it has already expired).
-
-Memory is ``buckets`` floats and ints; ``add`` and ``total`` evict the buckets that slid out, at
-most ``buckets`` of them, and each bucket is evicted once per window, so both are O(1)
-amortised.
-"""
+"""The tenant budget: rolling limits over sliding windows (:mod:`._window`), the concurrency
+cap, reservations, and the refusals every guard words the same way."""
 
 from __future__ import annotations
 
 import math
 import threading
-from array import array
 from dataclasses import dataclass
 
 from guard.errors import InvalidInput
 from guard.policy._types import CONTINUE, REASON_STATUS, Action, Decision, Reason, Usage
+from guard.policy._window import RollingWindow
 
 __all__ = [
     "ROLLING_METRICS",
@@ -49,13 +33,6 @@ ROLLING_METRICS = (
     "tool_calls",
     "runs",
 )
-
-
-WINDOW_CAP = 1e300  # a window's buckets and total saturate here, never reach inf
-
-
-def _saturate(x: float) -> float:
-    return x if -WINDOW_CAP <= x <= WINDOW_CAP else math.copysign(WINDOW_CAP, x)
 
 
 def tenant_stop(metric: str, utilisation: float | None, message: str) -> Decision:
@@ -95,81 +72,6 @@ def nothing_to_grant(
         f"tenant {tenant}: {metric} has {left:g} left to grant, less than the {need:g} a "
         f"run last needed (granted to live runs {granted:g})",
     )
-
-
-class RollingWindow:
-    """A bucketed sliding-window sum (see the module docstring for the exact semantics)."""
-
-    __slots__ = ("_head", "_ids", "_sums", "_total", "buckets", "width_s", "window_s")
-
-    def __init__(self, window_s: float, *, buckets: int = 60) -> None:
-        if not (isinstance(window_s, int | float) and math.isfinite(window_s) and window_s > 0):
-            raise InvalidInput(f"window_s must be a finite number > 0, got {window_s!r}")
-        if not isinstance(buckets, int) or buckets < 1:
-            raise InvalidInput(f"buckets must be an int >= 1, got {buckets!r}")
-        self.window_s = float(window_s)
-        self.buckets = buckets
-        self.width_s = self.window_s / buckets
-        self._sums = array("d", bytes(8 * buckets))
-        self._ids = array("q", [-(2**62)] * buckets)  # bucket id held by each slot
-        self._head: int | None = None  # newest bucket id seen
-        self._total = 0.0
-
-    def _bucket(self, t: float) -> int:
-        return math.floor(t / self.width_s)
-
-    def _advance(self, now: float) -> int:
-        b = self._bucket(now)
-        if self._head is None:
-            self._head = b
-            return b
-        if b <= self._head:
-            return self._head
-        oldest_live = b - self.buckets + 1
-        if b - self._head >= self.buckets:
-            for i in range(self.buckets):
-                self._sums[i] = 0.0
-            self._total = 0.0
-        else:
-            for k in range(self._head + 1, b + 1):
-                slot = k % self.buckets
-                if self._ids[slot] < oldest_live:
-                    self._total -= self._sums[slot]
-                    self._sums[slot] = 0.0
-        self._head = b
-        if abs(self._total) < 1e-9:
-            # Float subtraction drift: when every bucket is empty the sum is exactly zero.
-            self._total = math.fsum(self._sums)
-        return b
-
-    def add(self, now: float, value: float) -> None:
-        """Add ``value`` at time ``now`` (values may be negative, e.g. to undo a charge)."""
-        if not math.isfinite(value):
-            raise InvalidInput(f"rolling window value must be finite, got {value!r}")
-        head = self._advance(now)
-        b = min(self._bucket(now), head)
-        if head - b >= self.buckets:
-            return  # already outside the window
-        slot = b % self.buckets
-        if self._ids[slot] != b:
-            self._total -= self._sums[slot]
-            self._sums[slot] = 0.0
-            self._ids[slot] = b
-        # A sum of finite values can still overflow to inf (which would stop a tenant
-        # forever and poison every later sum): bucket and total saturate at WINDOW_CAP, far
-        # above any limit, so the window still reads "over its limit" and stays finite.
-        new = self._sums[slot] + value
-        if -WINDOW_CAP <= new <= WINDOW_CAP and -WINDOW_CAP <= self._total + value <= WINDOW_CAP:
-            self._sums[slot] = new
-            self._total += value
-        else:
-            self._sums[slot] = _saturate(new)
-            self._total = _saturate(math.fsum(self._sums))
-
-    def total(self, now: float) -> float:
-        """Sum of the values in the window ending at ``now``."""
-        self._advance(now)
-        return self._total
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +136,7 @@ class TenantBudget:
         self._buckets = buckets
         self._lock = threading.Lock()
         self._windows = [RollingWindow(r.window_s, buckets=buckets) for r in limits.rolling]
+        self._plan = _plan(limits, self._windows)
         self._held = {"cost_usd": 0.0, "tokens": 0.0}
         # Outstanding allowance grants (cost_usd, tokens), kept by TenantAllowances under this
         # budget's lock: a reservation must not take what is already granted to a run.
@@ -247,10 +150,11 @@ class TenantBudget:
         return self._windows[i].total(now) + self._held.get(r.metric, 0.0)
 
     def _exhausted_locked(self, now: float) -> tuple[str, float, float] | None:
-        for i, r in enumerate(self.limits.rolling):
-            used = self._used(i, now)
+        held = self._held
+        for r, w, _j, reached in self._plan:
+            used = w.total(now) + held.get(r.metric, 0.0)
             # Float sums of exact spends (25 x 0.02) land a hair below the limit: reached.
-            if used >= r.limit - 1e-9 * max(1.0, r.limit):
+            if used >= reached:
                 return (r.metric, used, r.limit)
         return None
 
@@ -279,6 +183,8 @@ class TenantBudget:
             return CONTINUE
 
     def _nothing_to_grant_locked(self, now: float) -> Decision | None:
+        if not (self._refused[0] or self._refused[1]):
+            return None  # nobody was refused: nothing to compare
         head = self._headroom_locked(now)
         for j, metric in enumerate(("cost_usd", "tokens")):
             h, need = head[j], self._refused[j]
@@ -350,13 +256,15 @@ class TenantBudget:
 
     def _headroom_locked(self, now: float) -> tuple[float | None, float | None]:
         out: list[float | None] = [None, None]
-        for i, r in enumerate(self.limits.rolling):
-            j = 0 if r.metric == "cost_usd" else 1 if r.metric == "tokens" else -1
+        held = self._held
+        for r, w, j, _reached in self._plan:
             if j < 0:
                 continue
-            left = max(0.0, r.limit - self._used(i, now))
+            left = r.limit - (w.total(now) + held.get(r.metric, 0.0))
+            if not left > 0.0:  # max(0.0, left), written out: this runs once per admission
+                left = 0.0
             prev = out[j]
-            out[j] = left if prev is None else min(prev, left)
+            out[j] = left if prev is None or left < prev else prev  # min(prev, left)
         return (out[0], out[1])
 
     def status(self, now: float) -> list[tuple[str, float, float, float]]:
@@ -381,3 +289,21 @@ class TenantBudget:
                 old.get(r) or RollingWindow(r.window_s, buckets=self._buckets)
                 for r in limits.rolling
             ]
+            self._plan = _plan(limits, self._windows)
+
+
+def _plan(
+    limits: TenantLimits, windows: list[RollingWindow]
+) -> tuple[tuple[RollingLimit, RollingWindow, int, float], ...]:
+    """Each rolling limit with its window, its allowance metric's index (0 cost_usd, 1 tokens,
+    -1 none) and the use at which it counts as reached: what every admission reads, worked
+    out once per policy."""
+    return tuple(
+        (
+            r,
+            w,
+            0 if r.metric == "cost_usd" else 1 if r.metric == "tokens" else -1,
+            r.limit - 1e-9 * max(1.0, r.limit),
+        )
+        for r, w in zip(limits.rolling, windows, strict=True)
+    )

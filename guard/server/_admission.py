@@ -69,6 +69,7 @@ class _Registration:
     trace: bytes = b""
     requested: Limits | None = None
     restored: Any = None  # the re-registered run's usage snapshot
+    pending: bool = False  # inside budgets.admit: a verdict now comes with nothing changed
 
 
 class Admission(RunPart):
@@ -115,7 +116,9 @@ class Admission(RunPart):
         ``budgets.sync``): :meth:`_admitted` then takes it from there, and checks again what
         may have changed meanwhile (the same run registered on another stream, its spans
         made it provisional, it ended)."""
-        self._check_id(rs.run_id)
+        run_id = rs.run_id
+        if not run_id or len(run_id) > _MAX_ID:
+            self._check_id(run_id)  # raises the words for it
         tenant = rs.tenant or session.tenant or (principal.tenant or "")
         principal.check_tenant(tenant)
         if len(tenant) > _MAX_ID or len(rs.agent) > _MAX_ID:
@@ -147,7 +150,11 @@ class Admission(RunPart):
         parent = self.runs.get(rs.parent_run_id) if rs.parent_run_id else None
         root = parent is None or parent.tenant != tenant
         seen = (spend_of(reg.restored) or (0.0, 0.0)) if root else None
-        self.budgets.admit(tenant, rs.run_id, functools.partial(self._admitted, reg), grant=seen)
+        # A verdict given at once (the in-memory budgets) finds everything as _answered just
+        # did: _admitted need not look again (``reg.pending`` tells it so).
+        reg.pending = True
+        self.budgets.admit(tenant, run_id, functools.partial(self._admitted, reg), grant=seen)
+        reg.pending = False
 
     def _answered(self, reg: _Registration) -> bool:
         """Answer a registration that needs no verdict of the tenant's budget (another
@@ -180,7 +187,8 @@ class Admission(RunPart):
     def _admitted(self, reg: _Registration, verdict: Decision) -> None:
         """The tenant's verdict on a registration: deny, or make the run and Admit it."""
         session, rs, tenant, restoring = reg.session, reg.rs, reg.tenant, reg.restoring
-        if not verdict.stop and (session.closed or self._answered(reg)):
+        stop = verdict.stop
+        if not stop and (session.closed or (not reg.pending and self._answered(reg))):
             # Not this registration's slot after all. A run of that id that is live now (a
             # repeated RunStarted) holds the fleet's slot and grant: only the local count.
             self.budgets.run_ended(tenant, "" if rs.run_id in self.runs else rs.run_id)
@@ -188,7 +196,7 @@ class Admission(RunPart):
         # A Hello entry still waiting for its first answer (request_id set) was never
         # admitted: denied like a new run, not admitted-then-cancelled (its agent would start
         # it, with no ceilings, until the cancel lands).
-        if verdict.stop and (not restoring or rs.request_id):
+        if stop and (not restoring or rs.request_id):
             why = (verdict.reason or Reason.TENANT_BUDGET).value  # error: budgets unavailable
             self.decisions.deny(
                 session, rs, tenant, why, verdict.message, verdict.utilisation, verdict.metric
@@ -202,7 +210,9 @@ class Admission(RunPart):
             # guard's guess; the spans it kept are counted below, above the snapshot's floor.
             waiting, kept = run, run.seq_gate
             self._forget(run)  # releases what it held (kept here)
-        effective = self.config.effective_limits(reg.requested)
+        requested, config = reg.requested, self.config
+        # effective_limits(None) is the run defaults themselves
+        effective = config.runs if requested is None else config.effective_limits(requested)
         run = self.new_run(
             rs.run_id,
             tenant=tenant,
@@ -212,7 +222,7 @@ class Admission(RunPart):
             started_at=rs.started_at_unix or time.time(),
             limits=effective,
             session=session,
-            admitted=not verdict.stop,
+            admitted=not stop,
             restoring=restoring,
         )
         if reg.restored is not None:
@@ -230,7 +240,7 @@ class Admission(RunPart):
             self.decisions.stop_run(
                 run, Reason.OPERATOR_CANCEL, cancelling, None, None, DecidedBy.OPERATOR
             )
-        elif verdict.stop:  # re-registered into an exhausted tenant: it must stop now
+        elif stop:  # re-registered into an exhausted tenant: it must stop now
             self.decisions.stop_run(
                 run,
                 verdict.reason or Reason.TENANT_BUDGET,
@@ -260,17 +270,14 @@ class Admission(RunPart):
         # Re-registered after a reconnect: the deadline clock resumes from the agent's start
         # time (only then: for new runs, agent/guard clock skew must not eat the deadline).
         age = time.time() - started_at if restoring else 0.0
-        kw: dict[str, Any] = {}
+        clock = self.clock
         if age > 1.0:
-            base = self.clock
+            base = clock
 
             def clock(base: Callable[[], float] = base, age: float = age) -> float:
                 return base() + age
 
-            kw["clock"] = clock
-        else:
-            kw["clock"] = self.clock
-        budget = Budget(limits, parent=parent.budget if parent else None, **kw)
+        budget = Budget(limits, parent=parent.budget if parent else None, clock=clock)
         now = self.clock()
         run = RunState(
             run_id,
@@ -296,7 +303,9 @@ class Admission(RunPart):
     def _admit_msg(self, session: AgentSession, run: RunState, request_id: int) -> None:
         self.budgets.on_admit(run, session)  # the run's ceilings arrive before its Admit
         version = self.config.prices.version or ""
-        session.send("admit", admit_to_pb(run.run_id, request_id, run.budget.limits, version))
+        msg, body = session.compose("admit")
+        admit_to_pb(run.run_id, request_id, run.budget.limits, version, into=body)
+        session.post(msg)
 
     def _attach(self, run: RunState, session: AgentSession) -> None:
         run.remote = None  # guarded here as another replica's run until now: ours again

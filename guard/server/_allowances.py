@@ -53,6 +53,7 @@ RECENT_ENDED = 20_000  # ended run ids remembered (-> tenant, root) so late span
 _TAIL_S = 5.0  # how long a run's tail (final usage not seen yet) stays held after it ended
 _MAX_TOKENS = float(2**53)  # a request beyond this is not a reservation, it is an attack
 _MAX_COST_USD = 1e9
+_UNSEEN: Any = object()  # a tenant whose ledger was not looked up yet
 
 
 def root_of(run: RunState) -> RunState:
@@ -104,7 +105,8 @@ class Allowances:
     def push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
         if session is None or session.closed:
             return
-        msg = allowance_to_pb(
+        msg, body = session.compose("allowance")
+        allowance_to_pb(
             grant.run_id,
             request_id=request_id,
             ttl_s=self.ttl_s,
@@ -112,8 +114,9 @@ class Allowances:
             detail=grant.detail,
             max_cost_usd=grant.max_cost_usd,
             max_tokens=grant.max_tokens,
+            into=body,
         )
-        session.send("allowance", msg)
+        session.post(msg)
 
     # -- hooks ---------------------------------------------------------------------------------
     def on_admit(self, run: RunState, session: AgentSession) -> None:
@@ -121,12 +124,15 @@ class Allowances:
         the grant it holds (ceilings are cumulative, so a repeat is harmless)."""
         if run.parent is not None or run.stop_reason is not None:
             return
-        led = self.ledger(run.tenant)
+        led = self._ledgers.get(run.tenant, _UNSEEN)
+        if led is _UNSEEN:
+            led = self.ledger(run.tenant)
         if led is None:
             return
         grant = led.grant_of(run.run_id)
         if grant is None:
-            self.refresh()
+            if self._dirty:
+                self.refresh()
             grant = led.grant(run.run_id, self.registry.clock(), seen=seen_of(run))
             self.registry.stats["allowance_grants"] += 1
         self.push(session, grant)
@@ -201,19 +207,23 @@ class Allowances:
             led.observe_many(batch)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
-        """The run ended (any way): its grant goes back, but for the tail its final usage
-        says is still on the way; late spans of it still count (``late_span``)."""
-        root = root_of(run)
-        if self.tenants.wants_usage(run.tenant):
-            self._recent[run.run_id] = (run.tenant, root.run_id)
-            self._recent.move_to_end(run.run_id)
-            if len(self._recent) > RECENT_ENDED:
-                self._recent.popitem(last=False)
-        led = self._ledgers.get(run.tenant)
+        """The run ended (any way; called once per run): its grant goes back, but for the
+        tail its final usage says is still on the way; late spans of it still count
+        (``late_span``)."""
+        tenant, run_id = run.tenant, run.run_id
+        root = run if run.parent is None else root_of(run)
+        if self.tenants.wants_usage(tenant):
+            recent = self._recent
+            if run_id in recent:
+                recent.move_to_end(run_id)
+            recent[run_id] = (tenant, root.run_id)
+            if len(recent) > RECENT_ENDED:
+                recent.popitem(last=False)
+        led = self._ledgers.get(tenant)
         if led is None or root is not run:
             return
-        led.observe(run.run_id, *seen_of(run))  # what it spent, before the rest goes back
-        led.release(run.run_id, self.registry.clock(), final=spend_of(outcome))
+        # what it spent moves into the windows, then the rest goes back
+        led.release(run_id, self.registry.clock(), final=spend_of(outcome), seen=seen_of(run))
 
     def late_span(self, o: Any, scope: str | None, spent: dict[str, Usage]) -> bool:
         """A span of a run that already ended: count it towards its tenant's windows (and

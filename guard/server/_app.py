@@ -34,6 +34,7 @@ from guard.server import _nativedecode
 from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
 from guard.server._control import ControlServicer
+from guard.server._control import add_to_server as add_control
 from guard.server._fair import TenantTurns
 from guard.server._fanout import AgentSession
 from guard.server._looplag import LoopLag
@@ -205,7 +206,7 @@ class GuardServer:
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((trace_service_handler(self),))
         # request bodies that do not parse get INVALID_ARGUMENT, not UNKNOWN and a traceback
-        add_safely(guard_pb2_grpc.add_GuardControlServicer_to_server, ControlServicer(self), server)
+        add_safely(add_control, ControlServicer(self), server)  # batches go out as bytes
         add_safely(guard_pb2_grpc.add_GuardAdminServicer_to_server, AdminServicer(self), server)
         add_safely(health_pb2_grpc.add_HealthServicer_to_server, self._health, server)
         names = (

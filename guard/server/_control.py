@@ -15,7 +15,7 @@ message: every message is read from an agent's batch and applied in order, exact
 had come alone (a batch that holds a Hello or another batch, or more than
 ``MAX_BATCH_MESSAGES``, ends the stream before any of it applies); whatever the registry
 queued for the session by the time the writer runs goes out as one GuardBatch (bounded:
-``guard.wire.take_batch``), to an agent
+``guard.wire.take_encoded``: serialized once, the batch framed as bytes), to an agent
 whose Hello set ``accepts_batches`` (any other gets one GuardMessage per write, as before).
 """
 
@@ -39,14 +39,13 @@ from guard.wire import (
     check_heartbeat,
     check_hello,
     check_run_started,
-    guard_batch_to_pb,
     outcome_from_pb,
     policy_to_pb,
-    take_batch,
+    take_encoded,
     welcome_to_pb,
 )
 
-__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer"]
+__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer", "add_to_server"]
 
 HELLO_SLICE = 32  # Hello.live_runs registered between two yields to the event loop
 HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
@@ -82,10 +81,15 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         await self._hello(session, msg.hello, principal)
                     elif body == "batch":
                         check_batch(msg.batch)  # then each message at its turn, as if alone
+                        settles = registry.budgets.settles
                         for inner in msg.batch.messages:
-                            await self._apply(session, inner, inner.WhichOneof("body"), principal)
+                            self._apply(session, inner, inner.WhichOneof("body"), principal)
+                            if settles:
+                                await registry.budgets.sync()  # see _parts
                     else:
-                        await self._apply(session, msg, body, principal)
+                        self._apply(session, msg, body, principal)
+                        if registry.budgets.settles:
+                            await registry.budgets.sync()  # see _parts: settle with shared budgets
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:
@@ -100,18 +104,14 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             while True:
                 item = carry if carry is not None else await queue.get()
                 # whatever else is ready goes in the same write (one GuardBatch for an agent
-                # that reads them: one grpc message instead of one per command)
+                # that reads them: one grpc message instead of one per command), as bytes
                 if batches:
-                    items, carry = take_batch(queue, item, AgentSession.is_close)
+                    payload, carry, closing = take_encoded(queue, item, AgentSession.is_close)
                 else:
-                    items, carry = [item], None
-                closing = AgentSession.is_close(items[-1])
-                if closing:
-                    items.pop()
-                if len(items) > 1:
-                    await context.write(guard_batch_to_pb(items))
-                elif items:
-                    await context.write(items[0])
+                    closing = AgentSession.is_close(item)
+                    payload, carry = None if closing else item, None
+                if payload is not None:
+                    await context.write(payload)
                 if closing:
                     break
             if session.error is not None:
@@ -123,21 +123,23 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             registry.detach(session)
             app.detach_session(session)
 
-    async def _apply(
+    def _apply(
         self, session: AgentSession, msg: pb.AgentMessage, body: str | None, principal: Any
     ) -> None:
-        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied."""
+        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied (the
+        caller then settles with shared budgets: ``budgets.sync``, when they settle)."""
         registry = self.app.registry
         if body == "run_started":
-            check_run_started(msg.run_started)
-            registry.register(session, msg.run_started, principal)
-        elif body == "ack":
-            registry.ack(session, msg.ack)
+            rs = msg.run_started
+            check_run_started(rs)
+            registry.register(session, rs, principal)
+        elif body == "run_ended":
+            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
         elif body == "heartbeat":
             check_heartbeat(msg.heartbeat)
             registry.heartbeat(session, msg.heartbeat)
-        elif body == "run_ended":
-            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
+        elif body == "ack":
+            registry.ack(session, msg.ack)
         elif body == "allowance_request":
             check_allowance_request(msg.allowance_request)
             registry.budgets.request(session, msg.allowance_request, principal)
@@ -145,7 +147,6 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             raise InvalidInput("hello sent twice on one stream")
         else:
             raise InvalidInput("empty AgentMessage")
-        await registry.budgets.sync()  # see _parts: settle with shared budgets
 
     async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
         """The first message: checked whole, then welcomed, then its live runs registered in
@@ -183,3 +184,24 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
     @staticmethod
     def policy(config: Any) -> pb.Policy:
         return policy_to_pb(config)
+
+
+def _serialize(msg: Any) -> bytes:
+    """The Attach stream's response serializer: a GuardMessage, or bytes already serialized
+    (a batch, see ``take_encoded``), which go out as they are."""
+    return msg if type(msg) is bytes else msg.SerializeToString()
+
+
+def add_to_server(servicer: ControlServicer, server: Any) -> None:
+    """``guard_pb2_grpc.add_GuardControlServicer_to_server`` with :func:`_serialize` as the
+    response serializer (the writer hands grpc a batch as bytes)."""
+    handlers = {
+        "Attach": grpc.stream_stream_rpc_method_handler(
+            servicer.Attach,
+            request_deserializer=pb.AgentMessage.FromString,
+            response_serializer=_serialize,
+        )
+    }
+    name = "guard.v1.GuardControl"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)

@@ -22,7 +22,7 @@ from typing import Any
 from guard.records import DecisionRecord
 from guard.wire import directive_to_pb, envelope_to_pb
 
-__all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog"]
+__all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog", "Outbox"]
 
 log = logging.getLogger("guard.server.fanout")
 
@@ -85,6 +85,54 @@ class DecisionLog:
             )
 
 
+class Outbox:
+    """A session's outgoing messages, for its one writer (the Attach handler): the part of
+    ``asyncio.Queue`` it uses (``put_nowait``, ``get``, ``get_nowait``, ``empty``,
+    ``qsize``/``len``) on a deque, woken by one future. Several commands go out per run, and
+    ``asyncio.Queue`` spends a few Python calls on each (its task counter, its events); here a
+    put is an append and, when the writer waits, one ``set_result``."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> Any:
+        """The next message, waiting for one (one waiter at a time: the writer)."""
+        items = self._items
+        while not items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
+        return items.popleft()
+
+    def get_nowait(self) -> Any:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class AgentSession:
     """One agent process attached over ``GuardControl.Attach``."""
 
@@ -96,7 +144,7 @@ class AgentSession:
         self.pid = 0
         self.tenant = ""
         self.log = log
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.queue = Outbox()
         self.runs: set[str] = set()
         self.closed = False
         self.error: Exception | None = None  # why the stream must end, if it must
@@ -104,24 +152,37 @@ class AgentSession:
         # command_id -> (monotonic send time, record)
         self.pending: dict[int, tuple[float, DecisionRecord]] = {}
 
-    def _envelope(self) -> Any:
+    def compose(self, field: str) -> tuple[Any, Any]:
+        """A GuardMessage with the next command id, and its ``field`` body (set, empty) to
+        fill in place: :meth:`post` then queues it. Building the body inside its envelope
+        spares a copy of it per command (an Admit, an Allowance and a RecordAck per run)."""
         self._next_id += 1
-        return envelope_to_pb(self._next_id, time.time())
+        msg = envelope_to_pb(self._next_id, time.time())
+        body = getattr(msg, field)
+        body.SetInParent()
+        return msg, body
+
+    def post(self, msg: Any, record: DecisionRecord | None = None) -> int:
+        r"""Queue a :meth:`compose`\ d message; returns its command id. ``record``: the
+        decision it delivers, written when the agent acks it (at once, without a latency,
+        when the stream is closed or not reading)."""
+        cid = msg.command_id
+        if record is not None:
+            record.command_id = cid
+        if self.closed or len(self.queue) >= _MAX_QUEUED:
+            if record is not None:
+                self.log.write(record, None)
+            return cid
+        if record is not None:
+            self.pending[cid] = (time.monotonic(), record)
+        self.queue.put_nowait(msg)
+        return cid
 
     def send(self, field: str, body: Any, record: DecisionRecord | None = None) -> int:
         """Queue one GuardMessage with ``body`` in oneof ``field``; returns its command id."""
-        msg = self._envelope()
-        getattr(msg, field).CopyFrom(body)
-        if self.closed or self.queue.qsize() >= _MAX_QUEUED:
-            if record is not None:
-                record.command_id = msg.command_id
-                self.log.write(record, None)
-            return msg.command_id
-        if record is not None:
-            record.command_id = msg.command_id
-            self.pending[msg.command_id] = (time.monotonic(), record)
-        self.queue.put_nowait(msg)
-        return msg.command_id
+        msg, inner = self.compose(field)
+        inner.CopyFrom(body)
+        return self.post(msg, record)
 
     def push(self, record: DecisionRecord, *, request_id: int = 0) -> int:
         """Deliver a recorded decision: a ``record.action`` directive (warn, wrap_up, cancel or

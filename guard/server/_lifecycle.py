@@ -67,8 +67,7 @@ class Lifecycle(RunPart):
             outcome.tenant = run.tenant if run is not None else (principal.tenant or "")
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
-            self.budgets.release(run, outcome)  # keeps the tail its final usage announces
-            self.finish(run)
+            self.finish(run, outcome)  # its grant back, but the tail its final usage announces
         elif outcome.run_id in self.ended:
             self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
             return
@@ -79,7 +78,9 @@ class Lifecycle(RunPart):
     def _ack_record(self, session: AgentSession | None, run_id: str) -> None:
         if session is not None:
             self.stats["records_acked"] += 1
-            session.send("record_ack", record_ack_to_pb(run_id))
+            msg, body = session.compose("record_ack")
+            record_ack_to_pb(run_id, into=body)
+            session.post(msg)
 
     def end_run(
         self, run: RunState, status: Status, reason: Reason, message: str, decided_by: DecidedBy
@@ -128,9 +129,10 @@ class Lifecycle(RunPart):
         """Late spans and repeated RunEnded of ``run_id`` are dropped from now on."""
         self.table.remember_ended(run_id)
 
-    def finish(self, run: RunState) -> None:
-        """A way out without a record here: give back all the run held and forget it."""
-        self.budgets.release(run)  # every way out gives the tenant's grant back
+    def finish(self, run: RunState, outcome: Outcome | None = None) -> None:
+        """Give back all the run held and forget it (the caller writes its record, if any).
+        ``outcome``: the agent's record (RunEnded), whose final usage keeps its tail held."""
+        self.budgets.release(run, outcome)  # once per way out: the tenant's grant back
         self.forget(run)
         if run.admitted:
             self.budgets.run_ended(run.tenant)

@@ -114,7 +114,8 @@ class TenantBudgets(Protocol):
         """After a request: these runs spent; their grants move into the windows."""
 
     def release(self, run: RunState, outcome: Outcome | None = None) -> None:
-        """The run ended (any way): its grant goes back, but for its announced tail."""
+        """The run ended (any way; called once per run, with the agent's ``outcome`` when it
+        sent RunEnded): its grant goes back, but for its announced tail."""
 
     def late_span(self, o: Observation, scope: str | None, spent: dict[str, Usage]) -> bool:
         """A span of an ended run: add it to ``spent`` (its tenant's usage this request)."""
@@ -124,6 +125,9 @@ class TenantBudgets(Protocol):
 
     async def sync(self) -> None:
         """Settle the local view with the shared store; the only await point."""
+
+    #: Whether :meth:`sync` has anything to settle (False: the callers need not await it).
+    settles: bool
 
 
 class RunDirectory(Protocol):
@@ -188,6 +192,8 @@ class Parts:
 class LocalTenantBudgets:
     """One process's tenant budgets: :class:`~guard.server._tenants.Tenants` (windows and
     slots) and :class:`~guard.server._allowances.Allowances` (grants), in memory."""
+
+    settles = False  # one process: sync() has nothing to do
 
     def __init__(self, registry: Any) -> None:
         from guard.server._allowances import Allowances

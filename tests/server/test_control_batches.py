@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import grpc
 from _wait import wait_until_async
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from guard.server import GuardServer
 from guard.v1 import guard_pb2 as pb
@@ -155,3 +157,103 @@ def test_a_batch_is_bounded_by_count_and_by_size():
     batch, carry = take_batch(q, beats[0], end)
     assert batch == beats[:2] and carry is beats[2] and q.empty()
     assert take_batch(q, carry, end) == ([beats[2]], None)
+
+
+def _commands(sizes: list[int]) -> list[pb.GuardMessage]:
+    """Commands of the kinds a run gets (Admit, Allowance, RecordAck), of varied sizes."""
+    out = []
+    for i, n in enumerate(sizes):
+        m = pb.GuardMessage(command_id=i + 1, sent_at_unix=1.7e9 + i)
+        if i % 3 == 0:
+            m.admit.run_id = "r" * n
+            m.admit.effective.max_steps = n
+        elif i % 3 == 1:
+            m.allowance.run_id, m.allowance.detail, m.allowance.ttl_s = "a", "d" * n, 30.0
+        else:
+            m.record_ack.run_id = "x" * n
+        out.append(m)
+    return out
+
+
+def _both_ways(msgs: list[pb.GuardMessage], close: bool) -> None:
+    """take_encoded on an Outbox writes what take_batch (on an asyncio.Queue) batches."""
+    import asyncio
+
+    from guard.server._fanout import _CLOSE, AgentSession, Outbox
+    from guard.wire import guard_batch_to_pb, take_batch, take_encoded
+
+    end = AgentSession.is_close
+    ref: asyncio.Queue = asyncio.Queue()
+    fast = Outbox()
+    for m in [*msgs[1:], *([_CLOSE] if close else [])]:
+        ref.put_nowait(m)
+        fast.put_nowait(m)
+    first = msgs[0]
+    while True:
+        batch, carry = take_batch(ref, first, end)
+        closing = end(batch[-1])
+        items = batch[:-1] if closing else batch
+        payload, carry_fast, closing_fast = take_encoded(fast, first, end)
+        if not items:
+            want = None
+        elif len(items) == 1:
+            want = items[0].SerializeToString()
+        else:
+            want = guard_batch_to_pb(items).SerializeToString()
+        assert payload == want
+        assert carry_fast is carry and closing_fast == closing
+        assert list(fast._items) == list(ref._queue)
+        if closing or (carry is None and ref.empty()):
+            return
+        first = carry if carry is not None else ref.get_nowait()
+        if carry is None:
+            fast.get_nowait()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=1, max_size=40), st.booleans())
+def test_take_encoded_writes_exactly_the_batches_take_batch_builds(sizes, close):
+    """The guard's writer serializes each command once and frames the batch as bytes: the
+    same messages per write as take_batch, the same bytes as the batch message, the same
+    carry and end."""
+    _both_ways(_commands(sizes), close)
+
+
+def test_take_encoded_keeps_the_count_and_size_bounds():
+    from guard.wire import MAX_BATCH_BYTES
+
+    _both_ways(_commands([1] * (MAX_BATCH_MESSAGES + 7)), True)
+    big = _commands([MAX_BATCH_BYTES // 3 + 10] * 3 + [4] * 5)  # ~1.4 MB each, then small ones
+    assert 2 * big[1].ByteSize() <= MAX_BATCH_BYTES < 3 * big[1].ByteSize()
+    _both_ways(big[1:], False)
+    _both_ways([big[-1], *big], True)
+    huge = _commands([MAX_BATCH_BYTES // 2 + 10] * 3)  # each alone, one carried at a time
+    _both_ways(huge, True)
+
+
+def _of_size(n: int) -> pb.GuardMessage:
+    """A RecordAck command whose serialized size is exactly ``n`` bytes."""
+    m = pb.GuardMessage(command_id=1)
+    m.record_ack.run_id = "x" * n
+    m.record_ack.run_id = "x" * (2 * n - m.ByteSize())
+    while m.ByteSize() > n:  # the length prefixes shrank with the id
+        m.record_ack.run_id = m.record_ack.run_id[:-1]
+    while m.ByteSize() < n:
+        m.record_ack.run_id += "x"
+    assert m.ByteSize() == n
+    return m
+
+
+def test_encode_batch_is_the_serialized_batch_message():
+    from guard.wire import encode_batch
+
+    # every length prefix width: parts and whole batch at 127/128 and 16383/16384 bytes
+    sizes = (10, 127, 128, 129, 16383, 16384, 2_100_000)
+    msgs = [_of_size(n) for n in sizes]
+    for part in msgs:
+        raw = encode_batch([part.SerializeToString()])
+        assert raw == pb.GuardMessage(batch=pb.GuardBatch(messages=[part])).SerializeToString()
+    msgs += _commands([0, 1, 127, 128, 300, 20000])
+    raw = encode_batch([m.SerializeToString() for m in msgs])
+    assert raw == pb.GuardMessage(batch=pb.GuardBatch(messages=msgs)).SerializeToString()
+    assert list(pb.GuardMessage.FromString(raw).batch.messages) == msgs

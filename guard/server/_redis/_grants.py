@@ -49,7 +49,6 @@ class FleetDesk:
         self.shared = shared  # the SharedTenantBudgets (its remote, its outage state)
         self.desk = shared.local.allowances  # the in-memory desk: checks, pushes, fallback
         self.held: dict[str, AllowanceGrant] = {}  # root run id -> its latest grant
-        self._finals: dict[str, tuple[float, float] | None] = {}  # RunEnded, until _finish
         self.observed: dict[str, dict[str, tuple[float, float]]] = {}  # tenant -> root -> seen
         # (tenant, root id, need_cost, need_tokens, seen, session, request_id, req, principal)
         self._asks: list[tuple[Any, ...]] = []
@@ -109,13 +108,10 @@ class FleetDesk:
         self._flushed_at = self.shared.registry.clock()
 
     def release(self, run: RunState, outcome: Any) -> Call | None:
-        """The run ended: the ``end`` call that gives its grant back and frees its slot
-        (``None``: nothing in Redis to change). ``outcome`` (RunEnded) comes first, then
-        the registry's ``_finish`` (every way out) without one."""
-        if outcome is not None:
-            self._finals[run.run_id] = spend_of(outcome)
-            return None
-        final = self._finals.pop(run.run_id, None)
+        """The run ended (once per way out; ``outcome``: the agent's RunEnded, whose final
+        usage keeps the tail held): the ``end`` call that gives its grant back and frees its
+        slot (``None``: nothing in Redis to change)."""
+        final = None if outcome is None else spend_of(outcome)
         if run.remote is not None:
             # Another replica holds its stream (its agent failed over there, or its spans come
             # here by trace-ID routing): the slot and the grant in Redis are that replica's,

@@ -89,6 +89,8 @@ _STATS = ("fail_open_periods", "fail_open_admits", "fail_closed_denials", "recon
 class SharedTenantBudgets:
     """``TenantBudgets`` of a replica (``serve --redis``); see the module docstring."""
 
+    settles = True  # sync() is where the fleet's verdicts come from
+
     def __init__(self, registry: Any, state: StateClient) -> None:
         cfg = registry.config.guard
         self.registry = registry
