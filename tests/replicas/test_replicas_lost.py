@@ -17,6 +17,7 @@ hand-rolled agents speaking the real protocol."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from _wait import wait_until_async
@@ -123,6 +124,27 @@ async def test_a_provisional_run_registered_on_another_replica_is_handed_over(fl
     assert _records(fleet) == [("z", "r2", "final_answer")]
     await agent.close()
     await spans.close()
+
+
+async def test_a_holder_whose_entry_lapsed_gets_the_run_once_it_writes_it_again(fleet, redis_url):
+    await fleet.start(redis_url, "xz", **LONG_GRACE)
+    x, z = fleet["x"].registry, fleet["z"].registry
+    again, _held = await _detached_on_x_then_on_z(fleet)
+    # z's renewals stop and its entry of r1 lapses (a Redis blip longer than the entry's TTL)
+    z.directory._task.cancel()
+    await x.state.pipeline([("DEL", x.directory.key("r1"))])
+    x.directory.lost.lapse_wait_s = 600.0  # x waits for the holder's next heartbeat (2 s)
+    asked = x.directory.stats["lookups"]
+    x.grace_s = 0.0
+    await wait_until_async(lambda: x.directory.stats["lookups"] > asked, 10, "x asking")
+    assert _records(fleet) == [] and "r1" in x.detached  # no entry: x waits, ends nothing
+    z.directory._task = asyncio.ensure_future(z.directory._run())  # z's heartbeat is back
+    await wait_until_async(lambda: "r1" not in x.detached, 10, "x handing r1 over")
+    assert _records(fleet) == [] and x.runs["r1"].remote == "z"
+    await again.end_run("r1")
+    await wait_until_async(lambda: fleet.sinks["z"].run("r1") is not None)
+    assert _records(fleet) == [("z", "r1", "final_answer")]
+    await again.close()
 
 
 async def test_a_run_whose_new_holder_died_still_gets_agent_lost_from_the_old(fleet, redis_url):

@@ -21,9 +21,10 @@ view (the :class:`~guard.server._parts.LocalDirectory` underneath) and queue the
 task of this part sends the queued changes in one pipeline per batch, renews every held run's
 TTL in batched pipelines each ``heartbeat_s``, and looks up the runs the registry asked
 about (:meth:`watch`: a provisional run whose spans came here while its stream may be held
-elsewhere), and before the sweep ends a run as agent_lost, says whether another replica
-holds it now (:meth:`confirm_lost`). Redis unreachable: the calls fail fast (``StateUnavailable``), the replica goes on
-guarding the runs it holds, and once Redis answers again every held entry is written anew.
+elsewhere), and before the sweep ends a run as agent_lost, says whether another replica holds
+it now (:meth:`confirm_lost`, :mod:`~guard.server._redis._lost`). Redis unreachable: the
+calls fail fast (``StateUnavailable``), the replica goes on guarding the runs it holds, and
+once Redis answers again every held entry is written anew.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from guard.errors import StateUnavailable
 from guard.server._parts import LocalDirectory, Lost
 from guard.server._redis._client import StateClient
 from guard.server._redis._entry import DirEntry
+from guard.server._redis._lost import LostRuns
 from guard.wire import limits_to_pb
 
 __all__ = ["DirEntry", "RedisDirectory"]
@@ -96,13 +98,11 @@ class RedisDirectory:
         self._claims: dict[str, Any] = {}  # queued writes
         self._ends: set[str] = set()  # queued tombstones
         self._lookups: dict[str, int] = {}  # run id -> lookups left
-        # run id -> (run, its answer, when asked): the sweep's candidates for agent_lost
-        self._confirms: dict[str, tuple[Any, Lost, float]] = {}
         self._reclaim = False
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        stats = ("claims", "ends", "renewals", "lookups", "failures", "lost_handed_over")
-        self.stats = dict.fromkeys((*stats, "lost_unconfirmed"), 0)
+        self.stats = {"claims": 0, "ends": 0, "renewals": 0, "lookups": 0, "failures": 0}
+        self.lost = LostRuns(self, registry)  # the sweep's questions before agent_lost
 
     def key(self, run_id: str) -> str:
         return f"{self._p}:run:{run_id}"
@@ -136,9 +136,8 @@ class RedisDirectory:
 
     def confirm_lost(self, runs: list[Any], then: Lost) -> None:
         """Who holds the streams of ``runs`` (the sweep's candidates for agent_lost) now:
-        this part's task answers for all of them in one round trip (:meth:`_confirm`)."""
-        asked = time.monotonic()
-        self._confirms.update((run.run_id, (run, then, asked)) for run in runs)
+        this part's task answers for all of them in one round trip (``_lost.LostRuns``)."""
+        self.lost.ask(runs, then)
         if runs:
             self._poke()
 
@@ -168,7 +167,7 @@ class RedisDirectory:
         while True:
             now = time.monotonic()
             wait = next_beat - now
-            if self._lookups or self._confirms:
+            if self._lookups or self.lost.pending:
                 wait = min(wait, LOOKUP_RETRY_S)
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
@@ -179,7 +178,7 @@ class RedisDirectory:
                     self._claims.update(self.held)
                 await self.flush()
                 await self._resolve()
-                await self._confirm()
+                await self.lost.answer()
                 if time.monotonic() >= next_beat:
                     await self.beat()
                     next_beat = time.monotonic() + self.heartbeat_s
@@ -191,7 +190,7 @@ class RedisDirectory:
                     log.warning("guard: run directory unavailable: %s", exc)
                 self.stats["failures"] += 1
                 self._reclaim = True
-                self._unconfirmed()
+                self.lost.unanswered()
                 next_beat = time.monotonic() + self.heartbeat_s
                 await asyncio.sleep(0.1)
             except asyncio.CancelledError:
@@ -299,58 +298,6 @@ class RedisDirectory:
                 continue
             reg.located(run, entry)
 
-    async def _confirm(self) -> None:
-        """Answer the sweep's candidates from one pipeline (their entries, the live
-        replicas). A run whose entry another replica holds, live or ended there, is handed
-        over to it: :meth:`beat`'s word of the move may come late (a heartbeat apart, a slow
-        Redis, a busy loop), and an agent_lost here would be the fleet's first, wrong, record.
-        Any other (its entry is this replica's or lapsed, its holder died) is ours to end."""
-        if not self._confirms:
-            return
-        asked, self._confirms = self._confirms, {}
-        ids = list(asked)  # at most a few sweep slices (256 runs each): one pipeline
-        try:
-            *got, live = await self.state.pipeline(
-                [*(("HGETALL", self.key(r)) for r in ids), self._live_cmd()]
-            )
-        except BaseException:
-            self._confirms = asked | self._confirms  # retried: Redis may answer soon
-            raise
-        self.stats["lookups"] += len(ids)
-        live = set(live)
-        for rid, h in zip(ids, got, strict=True):
-            (run, then, _), entry, moved = asked[rid], DirEntry.parse(h), False
-            try:
-                if entry is not None and entry.replica != self.guard_id:
-                    moved = (entry.ended or entry.replica in live) and self._hand_over(run, entry)
-            except Exception:
-                log.exception("guard: handing the run %r over failed", rid[:64])
-            _answer(then, run, moved)
-
-    def _hand_over(self, run: Any, entry: DirEntry) -> bool:
-        """``entry``'s replica holds ``run``'s stream: guard it here as its remote run (False:
-        the run is not what was asked about any more; it came back here, or ended)."""
-        reg = self._registry
-        if reg.runs.get(run.run_id) is not run or run.connected:
-            return False
-        self.stats["lost_handed_over"] += 1
-        if run.provisional:
-            reg.located(run, entry)
-            return True
-        if self.held.get(run.run_id) is run:
-            del self.held[run.run_id]  # as _moved: ours no more, and no tombstone from here
-        reg.moved_away(run, entry.replica)
-        return True
-
-    def _unconfirmed(self) -> None:
-        """Redis is down: candidates asked over ``ttl_s`` ago are ours to end (fail-open)."""
-        cutoff = time.monotonic() - self.ttl_ms / 1000
-        for rid, (run, then, asked) in list(self._confirms.items()):
-            if asked <= cutoff:
-                del self._confirms[rid]
-                self.stats["lost_unconfirmed"] += 1
-                _answer(then, run, False)
-
     async def lookup(self, run_ids: list[str]) -> dict[str, DirEntry]:
         """The entries of ``run_ids`` (missing ones absent), one pipeline per batch."""
         out: dict[str, DirEntry] = {}
@@ -385,15 +332,8 @@ class RedisDirectory:
 
     async def replicas(self) -> list[str]:
         """The live replicas (this one included)."""
-        (ids,) = await self.state.pipeline([self._live_cmd()])
+        (ids,) = await self.state.pipeline([self.live_cmd()])
         return list(ids)
 
-    def _live_cmd(self) -> tuple[Any, ...]:
+    def live_cmd(self) -> tuple[Any, ...]:
         return ("ZRANGEBYSCORE", self.replicas_key, int(time.time() * 1000), "+inf")
-
-
-def _answer(then: Lost, run: Any, moved: bool) -> None:
-    try:  # one failing answer must not keep the others (nor the next sweeps) waiting
-        then(run, moved)
-    except Exception:
-        log.exception("guard: ending the lost run %r failed", run.run_id[:64])
