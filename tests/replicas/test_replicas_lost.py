@@ -126,13 +126,20 @@ async def test_a_provisional_run_registered_on_another_replica_is_handed_over(fl
     await spans.close()
 
 
-async def test_a_holder_whose_entry_lapsed_gets_the_run_once_it_writes_it_again(fleet, redis_url):
-    await fleet.start(redis_url, "xz", **LONG_GRACE)
+async def _moved_to_z_then_z_stops(fleet: Any, url: str, *forget: Any) -> tuple[Any, Any, Agent]:
+    """r1 moved from x to z (x not told), then z's heartbeats stop and Redis runs ``forget``
+    (what their stopping would lapse). Returns x's and z's registries and z's agent."""
+    await fleet.start(url, "xz", **LONG_GRACE)
     x, z = fleet["x"].registry, fleet["z"].registry
     again, _held = await _detached_on_x_then_on_z(fleet)
-    # z's renewals stop and its entry of r1 lapses (a Redis blip longer than the entry's TTL)
     z.directory._task.cancel()
-    await x.state.pipeline([("DEL", x.directory.key("r1"))])
+    await x.state.pipeline([forget])
+    return x, z, again
+
+
+async def test_a_holder_whose_entry_lapsed_gets_the_run_once_it_writes_it_again(fleet, redis_url):
+    # z's entry of r1 lapses (z's renewals stopped for longer than the entry's TTL: a blip)
+    x, z, again = await _moved_to_z_then_z_stops(fleet, redis_url, "DEL", "og:run:r1")
     x.directory.lost.lapse_wait_s = 600.0  # x waits for the holder's next heartbeat (2 s)
     asked = x.directory.stats["lookups"]
     x.grace_s = 0.0
@@ -148,12 +155,8 @@ async def test_a_holder_whose_entry_lapsed_gets_the_run_once_it_writes_it_again(
 
 
 async def test_a_run_whose_new_holder_died_still_gets_agent_lost_from_the_old(fleet, redis_url):
-    await fleet.start(redis_url, "xz", **LONG_GRACE)
-    x, z = fleet["x"].registry, fleet["z"].registry
-    again, _held = await _detached_on_x_then_on_z(fleet)
     # z dies holding r1 (as with SIGKILL): no heartbeat any more, gone from the live replicas
-    z.directory._task.cancel()
-    await x.state.pipeline([("ZREM", x.directory.replicas_key, "z")])
+    x, _z, again = await _moved_to_z_then_z_stops(fleet, redis_url, "ZREM", "og:replicas", "z")
     x.grace_s = 0.0
     await wait_until_async(lambda: fleet.sinks["x"].run("r1") is not None, 10, "agent_lost")
     assert _records(fleet) == [("x", "r1", "agent_lost")]
