@@ -6,7 +6,7 @@ of the move from the run directory's heartbeat (``RedisDirectory.beat``), and un
 r1 as detached. If x's grace runs out first (Redis slow, x's loop busy, a short grace), x
 must not write agent_lost: before the sweep ends a run it asks the directory who holds it now
 (``RunDirectory.confirm_lost``) and hands it over to a live holder. A run whose holder died
-still gets its agent_lost from x.
+still gets its agent_lost from x, and so does one while Redis cannot be asked (fail-open).
 
 Here the word of the move is held back deterministically (x's ``_moved``, the heartbeat's
 handler, keeps what it is told; a provisional run's lookup is not started), and the grace is
@@ -177,3 +177,21 @@ async def test_a_lost_run_nobody_else_holds_gets_agent_lost_once(fleet, redis_ur
     assert _records(fleet) == [("x", "r1", "agent_lost")]
     # and nothing is left waiting for the directory's answer (so no later sweep skips r1)
     await wait_until_async(lambda: not getattr(x.lifecycle, "_asking", ()), 10, "answers")
+
+
+async def test_redis_down_a_lost_run_still_gets_agent_lost_after_the_directorys_ttl(
+    fleet, redis_url, redis_server
+):
+    await fleet.start(redis_url, "xz", **LONG_GRACE)
+    x = fleet["x"].registry
+    first = Agent(fleet["x"].address)
+    await first.connect(process_id="p1")
+    assert (await first.start_run("r1", TID)).WhichOneof("body") == "admit"
+    await first.close()
+    await wait_until_async(lambda: "r1" in x.detached)
+    redis_server.stop()  # nobody can be asked who holds r1 now
+    x.grace_s = 0.0
+    # fail-open: once the question is older than the directory's TTL (5 s), x ends r1 itself
+    await wait_until_async(lambda: fleet.sinks["x"].run("r1") is not None, 30, "agent_lost")
+    assert _records(fleet) == [("x", "r1", "agent_lost")]
+    assert x.directory.stats["lost_unconfirmed"] == 1
