@@ -52,6 +52,7 @@ class Lifecycle(RunPart):
         self.sink = sink
         self.sessions = sessions
         self.grace_s = float(scope.config.guard.agent_grace_s)
+        self._asking: set[str] = set()  # run ids the directory was asked about (sweep)
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
@@ -168,20 +169,25 @@ class Lifecycle(RunPart):
         slices (the server yields to its loop between calls); True when work is left.
         """
         now = self.clock()
-        lost = [r for r in self.detached.values() if now - r.detached_at >= self.grace_s]
+        asking = self._asking  # asked about by an earlier sweep: not again until answered
+        lost = [
+            r
+            for r in self.detached.values()
+            if now - r.detached_at >= self.grace_s and r.run_id not in asking
+        ]
         # provisional: spans of a run whose agent never came back to register it
         unclaimed = [
             r
             for r in self.span_only.values()
-            if r.provisional and now - r.touched_at >= self.grace_s
+            if r.provisional and now - r.touched_at >= self.grace_s and r.run_id not in asking
         ]
         idle = [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]
         more = limit is not None and any(len(x) > limit for x in (lost, unclaimed, idle))
-        for run in lost[:limit]:
-            self._agent_gone(run, f"agent stream lost for {now - run.detached_at:.1f}s")
-        for run in unclaimed[:limit]:
-            if run.run_id in self.runs:
-                self._agent_gone(run, f"agent did not register the run within {self.grace_s:g}s")
+        # its agent may have re-registered on another replica that this one has not heard
+        # of yet: the directory says, and hands it over, before any agent_lost is written
+        ask = lost[:limit] + unclaimed[:limit]
+        asking.update(r.run_id for r in ask)
+        self.directory.confirm_lost(ask, self._confirmed)
         for run in idle[:limit]:
             if run.run_id in self.runs:
                 self.finish(run)
@@ -189,6 +195,20 @@ class Lifecycle(RunPart):
             session.expire(now)
         self.budgets.renew()
         return more
+
+    def _confirmed(self, run: RunState, moved: bool) -> None:
+        """The directory's answer on a run the sweep found past its grace: unless another
+        replica holds it now (then it was handed over), end it, if it still waits for its
+        agent (it may have come back, or ended, while the directory was asked)."""
+        self._asking.discard(run.run_id)
+        if moved or self.runs.get(run.run_id) is not run:
+            return
+        now = self.clock()
+        if self.detached.get(run.run_id) is run:
+            if now - run.detached_at >= self.grace_s:
+                self._agent_gone(run, f"agent stream lost for {now - run.detached_at:.1f}s")
+        elif run.provisional and now - run.touched_at >= self.grace_s:
+            self._agent_gone(run, f"agent did not register the run within {self.grace_s:g}s")
 
     def _agent_gone(self, run: RunState, why: str) -> None:
         """The record of a run whose agent did not come back within the grace period: an

@@ -39,6 +39,7 @@ __all__ = [
     "LocalBus",
     "LocalDirectory",
     "LocalTenantBudgets",
+    "Lost",
     "Parts",
     "PartsFactory",
     "RunDirectory",
@@ -52,6 +53,7 @@ __all__ = [
 
 Verdict = Callable[["Decision"], None]  # told the tenant's verdict on an admission
 Spent = tuple[float, float] | None  # (cost_usd, tokens) a run spent, or no grant asked
+Lost = Callable[["RunState", bool], None]  # told whether a lost run moved to another replica
 
 
 class TenantBudgets(Protocol):
@@ -145,6 +147,15 @@ class RunDirectory(Protocol):
     def watch(self, run: RunState) -> None:
         """Spans made ``run`` (provisional) before its agent registered it here: find out
         whether another replica holds its stream (then ``registry.located(run, entry)``)."""
+
+    def confirm_lost(self, runs: list[RunState], then: Lost) -> None:
+        """``runs`` waited past ``agent_grace_s`` for their agents (detached, or provisional
+        runs nobody registered): before their records say agent_lost, ask who holds each
+        stream *now*. A run another live replica holds is handed over to it (a detached run
+        through ``registry.moved_away``, a provisional one through ``registry.located``), so
+        that replica writes its one record; ``then(run, moved)`` follows for every run, with
+        ``moved`` False when no other replica holds it (the caller ends it). At once in one
+        process; with replicas, after one round trip for all of ``runs``."""
 
 
 class DirectiveBus(Protocol):
@@ -251,6 +262,11 @@ class LocalDirectory:
 
     def watch(self, run: RunState) -> None:
         """One process: no other replica can hold it."""
+
+    def confirm_lost(self, runs: list[RunState], then: Lost) -> None:
+        """One process: no other replica can hold them."""
+        for run in runs:
+            then(run, False)
 
 
 class LocalBus:

@@ -10,6 +10,10 @@ Failure: any error of Redis or of the socket (refused, reset, ``socket_timeout_m
 ``LOADING``) raises :class:`guard.errors.StateUnavailable`, and for ``retry_after_s`` after
 it every call raises at once without touching the network, so a caller falling back to its
 local state is not slowed down by a dead Redis. ``healthy`` says which side it is on.
+
+Commands are packed by hiredis (C), as redis-py does for its sync client only: its asyncio
+connections pack in Python, at several µs per argument, which was most of a replica's own
+CPU per Export request with Redis-backed budgets (``benchmarks/bench_redis_ingest.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +31,36 @@ from redis.retry import Retry
 from guard.errors import StateUnavailable
 from guard.server._redis._lua import TENANT_LUA
 
+try:
+    from hiredis import pack_command as _c_pack
+except ImportError:  # pragma: no cover (redis[hiredis] is a dependency; Python packs then)
+    _c_pack = None
+
 __all__ = ["Call", "StateClient"]
 
 Call = tuple[Sequence[str], Sequence[str]]  # (KEYS, ARGV) of one script call
+
+
+class _CPacked:
+    """A redis-py asyncio connection whose commands hiredis packs: the same bytes (a test
+    holds them equal); anything hiredis does not take (a command name with a space, an
+    argument of another type) goes to redis-py's own packer, with its own errors."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if type(args[0]) is str and " " not in args[0]:
+            try:
+                return [_c_pack(args)]
+            except TypeError:
+                pass
+        return super().pack_command(*args)  # type: ignore[misc]
+
+
+def c_packed(pool: Any) -> None:
+    """Make the connections ``pool`` opens from now on pack commands in C (when hiredis
+    is there; its connection class stays what the URL chose: TCP, TLS or a Unix socket)."""
+    base = pool.connection_class
+    if _c_pack is not None and not issubclass(base, _CPacked):
+        pool.connection_class = type(f"CPacked{base.__name__}", (_CPacked, base), {})
 
 
 class StateClient:
@@ -52,6 +83,7 @@ class StateClient:
             health_check_interval=0,
             decode_responses=True,
         )
+        c_packed(self._redis.connection_pool)
         self.sha = hashlib.sha1(TENANT_LUA.encode()).hexdigest()
         self.retry_after_s = retry_after_s
         self._clock = clock

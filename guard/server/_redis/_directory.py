@@ -21,8 +21,10 @@ view (the :class:`~guard.server._parts.LocalDirectory` underneath) and queue the
 task of this part sends the queued changes in one pipeline per batch, renews every held run's
 TTL in batched pipelines each ``heartbeat_s``, and looks up the runs the registry asked
 about (:meth:`watch`: a provisional run whose spans came here while its stream may be held
-elsewhere). Redis unreachable: the calls fail fast (``StateUnavailable``), the replica goes on
-guarding the runs it holds, and once Redis answers again every held entry is written anew.
+elsewhere), and before the sweep ends a run as agent_lost, says whether another replica holds
+it now (:meth:`confirm_lost`, :mod:`~guard.server._redis._lost`). Redis unreachable: the
+calls fail fast (``StateUnavailable``), the replica goes on guarding the runs it holds, and
+once Redis answers again every held entry is written anew.
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ import base64
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from guard.errors import StateUnavailable
-from guard.server._parts import LocalDirectory
+from guard.server._parts import LocalDirectory, Lost
 from guard.server._redis._client import StateClient
-from guard.v1 import guard_pb2 as pb
-from guard.wire import limits_from_pb, limits_to_pb
+from guard.server._redis._entry import DirEntry
+from guard.server._redis._lost import LostRuns
+from guard.wire import limits_to_pb
 
 __all__ = ["DirEntry", "RedisDirectory"]
 
@@ -67,37 +69,6 @@ for i, k in ipairs(KEYS) do
 end
 return out
 """
-
-
-@dataclass(frozen=True, slots=True)
-class DirEntry:
-    """One run's directory entry as another replica reads it."""
-
-    replica: str
-    ended: bool
-    tenant: str
-    agent: str
-    parent_run_id: str
-    process_id: str
-    limits: Any  # guard.policy.Limits, or None when the entry carried none
-
-    @classmethod
-    def parse(cls, h: dict[str, str]) -> DirEntry | None:
-        if not h or "r" not in h:
-            return None
-        limits = None
-        if h.get("l"):
-            with contextlib.suppress(Exception):  # a malformed entry: the local defaults
-                limits = limits_from_pb(pb.Limits.FromString(base64.b64decode(h["l"])))
-        return cls(
-            replica=h["r"],
-            ended=h.get("s") == "e",
-            tenant=h.get("t", ""),
-            agent=h.get("a", ""),
-            parent_run_id=h.get("p", ""),
-            process_id=h.get("pid", ""),
-            limits=limits,
-        )
 
 
 class RedisDirectory:
@@ -131,6 +102,7 @@ class RedisDirectory:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self.stats = {"claims": 0, "ends": 0, "renewals": 0, "lookups": 0, "failures": 0}
+        self.lost = LostRuns(self, registry)  # the sweep's questions before agent_lost
 
     def key(self, run_id: str) -> str:
         return f"{self._p}:run:{run_id}"
@@ -162,6 +134,13 @@ class RedisDirectory:
             self._lookups[run.run_id] = LOOKUP_TRIES
             self._poke()
 
+    def confirm_lost(self, runs: list[Any], then: Lost) -> None:
+        """Who holds the streams of ``runs`` (the sweep's candidates for agent_lost) now:
+        this part's task answers for all of them in one round trip (``_lost.LostRuns``)."""
+        self.lost.ask(runs, then)
+        if runs:
+            self._poke()
+
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -188,7 +167,7 @@ class RedisDirectory:
         while True:
             now = time.monotonic()
             wait = next_beat - now
-            if self._lookups:
+            if self._lookups or self.lost.pending:
                 wait = min(wait, LOOKUP_RETRY_S)
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
@@ -199,6 +178,7 @@ class RedisDirectory:
                     self._claims.update(self.held)
                 await self.flush()
                 await self._resolve()
+                await self.lost.answer()
                 if time.monotonic() >= next_beat:
                     await self.beat()
                     next_beat = time.monotonic() + self.heartbeat_s
@@ -210,6 +190,7 @@ class RedisDirectory:
                     log.warning("guard: run directory unavailable: %s", exc)
                 self.stats["failures"] += 1
                 self._reclaim = True
+                self.lost.unanswered()
                 next_beat = time.monotonic() + self.heartbeat_s
                 await asyncio.sleep(0.1)
             except asyncio.CancelledError:
@@ -351,6 +332,8 @@ class RedisDirectory:
 
     async def replicas(self) -> list[str]:
         """The live replicas (this one included)."""
-        now_ms = int(time.time() * 1000)
-        (ids,) = await self.state.pipeline([("ZRANGEBYSCORE", self.replicas_key, now_ms, "+inf")])
+        (ids,) = await self.state.pipeline([self.live_cmd()])
         return list(ids)
+
+    def live_cmd(self) -> tuple[Any, ...]:
+        return ("ZRANGEBYSCORE", self.replicas_key, int(time.time() * 1000), "+inf")

@@ -42,15 +42,12 @@ other replicas' spend nor the grants the fleet holds, so its answers would grant
 window a second time. Only a longer outage is answered locally (fail-open, as above). An
 agent that stops waiting first falls back on its own (counted by the SDK).
 
-**Redis restarted empty** (no persistence): what is lost is the windows' history before the
-restart (spend and admissions no replica still holds as pending usage: the fleet's windows
-restart from what the replicas reconcile, i.e. from zero at worst); the outstanding grants
-(the runs keep the ceilings they were pushed, for ``allowance_ttl_s``, but Redis counts them
-again only when each run's next grant re-creates its entry from the spend the guard saw, so
-meanwhile the window can be granted again up to what they held: at most one grant per live
-run); and the slots, until the next heartbeat, at most ``slot_lease_s / 3`` later, re-claims
-every live run's (meanwhile a tenant at its cap may admit up to that many runs too many).
-Grants the local desk handed out during an outage are likewise not in Redis until renewed.
+**Redis restarted empty** (no persistence) loses: the windows' history (they restart from
+what the replicas reconcile: from zero at worst); the outstanding grants (runs keep their
+ceilings for ``allowance_ttl_s``, but Redis counts a grant again only when the run's next
+grant re-creates its entry, so up to one grant per live run can be granted twice; so are
+grants the local desk handed out during an outage); and the slots until the next heartbeat
+(``slot_lease_s / 3``) re-claims them (a tenant at its cap may admit that many too many).
 Nothing of a run's own limits or its termination record is in Redis.
 """
 
@@ -251,11 +248,9 @@ class SharedTenantBudgets:
             for t, u in usage.items():
                 self.pending.add(t, u)
             if not self.local_answers:
-                # A blip: admissions, asks and ends wait for the next sync (it retries them
-                # once the client's fast-fail pause is over). This replica's own view knows
-                # neither the other replicas' spend nor the grants the fleet holds: answering
-                # from it would grant the tenant's window again. Retrying is safe: an admit
-                # of a run holding its slot keeps it, a repeated grant only grants more.
+                # A blip (module docstring): admissions, asks and ends wait for the next sync.
+                # Retrying is safe: an admit of a run holding its slot keeps it, a repeated
+                # grant only grants more.
                 self._admits[:0] = admits
                 for rid, call in ends.items():
                     self._ends.setdefault(rid, call)
