@@ -51,13 +51,14 @@ def mode(request: pytest.FixtureRequest, llm: LLMServer) -> str:
     return request.param
 
 
-def chat(llm: LLMServer, max_tokens: int = 1024) -> Any:
+def chat(llm: LLMServer, max_tokens: int = 1024, **kw: Any) -> Any:
     return langchain_anthropic.ChatAnthropic(
         model="claude-sonnet-4-5",
         base_url=llm.anthropic_base_url,
         api_key="test",
         max_retries=0,
         max_tokens=max_tokens,
+        **kw,
     )
 
 
@@ -138,4 +139,18 @@ def test_a_model_whose_client_predates_the_integration_is_counted_once(
     assert "anthropic" in guard.instrument()
     agent = create_react_agent(model, [Lookup().tool], name="early-model")
     agent.invoke({"messages": [("user", "go")]})
+    assert _tokens(_record(sink)) == (2, 2400, 180, 400, 60)
+
+
+@pytest.mark.parametrize("entry", ["invoke", "astream"])
+def test_a_model_with_betas_calls_beta_messages_and_is_counted_once(
+    llm: LLMServer, server, mode: str, entry: str
+) -> None:
+    """With betas set, ChatAnthropic calls ``client.beta.messages``, guarded like ``messages``."""
+    _, sink = server
+    llm.script = then_answer(1, **USAGE)
+    model = chat(llm, betas=["token-efficient-tools-2025-02-19"])
+    agent = create_react_agent(model, [Lookup().tool], name="beta-graph")
+    _drive(agent, entry, {"messages": [("user", "go")]})
+    assert llm.count == 2
     assert _tokens(_record(sink)) == (2, 2400, 180, 400, 60)
