@@ -20,6 +20,7 @@ from guard.v1 import guard_pb2 as pb
 from guard.wire import limits_from_pb, usage_from_pb  # defined before guard.wire imports this
 
 __all__ = [
+    "MAX_BATCH_BYTES",
     "MAX_BATCH_MESSAGES",
     "check_allowance_request",
     "check_batch",
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 MAX_BATCH_MESSAGES = 1024  # messages in one AgentBatch / GuardBatch (the proto says so)
+# bytes of the messages of one batch, as guard.wire.take_batch counts them (well under the
+# guard's 16 MiB message limit: a backed-up stream must not become one message the peer refuses)
+MAX_BATCH_BYTES = 4 << 20
 
 
 def _check_trace_hex(name: str, value: str) -> None:
@@ -94,7 +98,11 @@ def check_batch(batch: pb.AgentBatch) -> None:
     n = len(batch.messages)
     if n > MAX_BATCH_MESSAGES:
         raise InputTooLarge(f"batch has {n} messages (max {MAX_BATCH_MESSAGES})")
+    size = 0
     for msg in batch.messages:
         body = msg.WhichOneof("body")
         if body in ("hello", "batch") or body is None:
             raise InvalidInput(f"a batch may not hold {body or 'an empty message'}")
+        size += msg.ByteSize()
+    if size > MAX_BATCH_BYTES:
+        raise InputTooLarge(f"batch has {size} bytes of messages (max {MAX_BATCH_BYTES})")
