@@ -8,7 +8,6 @@ integration was turned on)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +16,7 @@ from _llm_server import LLMServer, text
 from langgraph.prebuilt import create_react_agent
 
 import guard
-from guard.policy import PolicyConfig
-from guard.server import MemorySink, ServerThread
+from guard.server import MemorySink
 
 langchain_anthropic = pytest.importorskip("langchain_anthropic")
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
@@ -29,15 +27,6 @@ USAGE = {"input": 1200, "output": 90, "cached": 200, "cache_write": 100, "reason
 # who counts: the anthropic client layer (all on), or the LangGraph layer alone
 MODES = {"all": (), "langgraph-only": ("langchain",)}
 ENTRIES = ("invoke", "ainvoke", "stream", "astream")
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[ServerThread, MemorySink]]:
-    sink = MemorySink()
-    with ServerThread(PolicyConfig.from_dict(None), sink=sink) as srv:
-        guard.configure(endpoint=srv.address, admit_timeout_ms=3000)
-        yield srv, sink
-        guard.shutdown()
 
 
 @pytest.fixture(params=list(MODES))
