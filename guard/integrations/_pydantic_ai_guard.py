@@ -6,8 +6,8 @@ framework's own extension point, so no private code path of the framework is pat
 * ``get_wrapper_model`` wraps the model that serves each request attempt in
   :class:`GuardedModel`, which counts it once (stop check, inferred step and reservation of the
   request's ``max_tokens`` before it leaves; usage and response id after), unless the call goes
-  through an ``openai`` or ``anthropic`` client while that client's integration is on: that layer counts,
-  reserves and stops it already, so it is left alone there (counted once, never twice).
+  through an ``openai`` or ``anthropic`` client while that client's integration is on: that
+  layer counts, reserves and stops it already, so it is left alone there (counted once).
 * ``wrap_tool_execute`` admits each tool call before the tool runs (``RunStopped`` when the run
   is stopped or the tool quota is used up), records its fingerprint and result hash in-process
   for loop detection, and raises ``RunStopped`` when that call stopped the run: the result never
@@ -84,20 +84,10 @@ def _finish(call: ModelCall, response: Any) -> None:
 
 
 # integration -> (its library, the client classes whose calls it guards)
+_ANTHROPIC = ("Anthropic", "AsyncAnthropic", "AnthropicBedrock", "AsyncAnthropicBedrock")
 _CLIENTS = {
     "openai": ("openai", ("OpenAI", "AsyncOpenAI")),
-    "anthropic": (
-        "anthropic",
-        (
-            *("Anthropic", "AsyncAnthropic"),
-            *(
-                "AnthropicBedrock",
-                "AsyncAnthropicBedrock",
-                "AnthropicVertex",
-                "AsyncAnthropicVertex",
-            ),
-        ),
-    ),
+    "anthropic": ("anthropic", (*_ANTHROPIC, "AnthropicVertex", "AsyncAnthropicVertex")),
 }
 
 
@@ -117,8 +107,8 @@ def _calls_client(model: Any, clients: tuple[type, ...]) -> bool:
         model = model.wrapped
     inner = getattr(model, "models", None)  # FallbackModel: wrapped as a whole
     if isinstance(inner, list) and inner:
-        # Only when every model is an openai one; a mixed chain is counted here, and its
-        # openai attempts once more underneath (a known limit: use the ModelFallback capability,
+        # Only when every model calls a guarded client; a mixed chain is counted here, and its
+        # guarded attempts once more underneath (a known limit: use the ModelFallback capability,
         # whose attempts are wrapped one by one).
         return all(_calls_client(m, clients) for m in inner)
     return isinstance(getattr(model, "client", None), clients)

@@ -2,8 +2,8 @@
 
 ``enable()`` wraps ``create``, ``parse`` and ``stream`` of ``Messages`` and ``AsyncMessages``,
 and of their beta twins (``client.beta.messages``, which LangChain's ``ChatAnthropic`` calls
-when betas are set, and Pydantic AI's Anthropic model always), so every client is covered, including clients made before ``guard.instrument()``. Inside a
-``@guard.run`` each call is guarded by :mod:`guard.integrations._base` the way the ``openai``
+when betas are set, and Pydantic AI's Anthropic model always), so every client is covered,
+including clients made before ``guard.instrument()``. Inside a ``@guard.run`` each call is guarded by :mod:`guard.integrations._base` the way the ``openai``
 integration guards its client (the same wrapper, :mod:`guard.integrations._client`): a stop
 check and an inferred step before the request leaves, the request's ``max_tokens`` (which
 Anthropic requires) reserved, the usage and the response id (``msg_...``) recorded once. A
