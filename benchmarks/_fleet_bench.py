@@ -42,9 +42,9 @@ from _fleet import (
     fleet_policy,
 )
 from _fleet_control import HEARTBEAT_EVERY, close_streams, drive_fleet, open_streams
+from _measure import drive, measure_load
 from _net import start_guard
 from _receivers import start_floor, start_rotel
-from bench_ingest import drive, measure_load
 
 __all__ = ["fleet"]
 

@@ -3,8 +3,9 @@
 Two parts, one JSON report:
 
 * in process (most messages): OTLP bodies through ``_decode.decode_slices`` (the native
-  decoder, with its fallback to the reference) and ``Registry.ingest``; agent messages
-  through the wire checks into the registry (tests/server/fuzzing.py). A pool of structured
+  decoder, with its fallback to the reference) and ``Registry.ingest``; agent messages and
+  ``AgentBatch`` control batches (valid, odd content, over 1024 messages or 4 MiB, nested)
+  through the wire checks into the registry (tests/server/fuzzing.py, fuzz_target.py). A pool of structured
   bodies is generated from the seed, then each message is a pool body, a byte mutation of
   one, or a fresh body. The loop hold is the longest stretch of work between two points where
   the server yields to its event loop.
@@ -13,7 +14,7 @@ Two parts, one JSON report:
   loop lag is read from ``GuardAdmin.Stats``; its log is scanned for tracebacks and ERRORs.
 
 crashes = exceptions other than a GuardError in process + UNKNOWN / INTERNAL /
-DEADLINE_EXCEEDED answers + tracebacks or ERROR lines in the guard's log + failed health
+DEADLINE_EXCEEDED answers + bad batches answered OK or whose runs got registered + tracebacks or ERROR lines in the guard's log + failed health
 checks + state violations (non-finite usage or window, runs over their cap). Goal: 0, and an
 event-loop lag <= 50 ms: the work that held the loop, in CPU time (the in-process slices and
 the guard's ``loop_busy_max_ms``); the guard's wall-clock lag, which on a shared machine also
@@ -41,7 +42,8 @@ from _net import start_guard  # noqa: E402  (benchmarks/ is on sys.path as a scr
 from guard.server import NullSink  # noqa: E402
 from guard.server._gc import bound_gc_pauses  # noqa: E402
 from tests.server.fuzz_remote import Remote, drive, remote_violations  # noqa: E402
-from tests.server.fuzzing import Fuzzer, InProcess, fuzz_config, violations  # noqa: E402
+from tests.server.fuzz_target import InProcess, violations  # noqa: E402
+from tests.server.fuzzing import Fuzzer, fuzz_config  # noqa: E402
 
 TOKENS = {"ADMIN_T": "admin-soak", "ACME_T": "acme-soak", "GLOBEX_T": "globex-soak"}
 POLICY = """
@@ -102,9 +104,11 @@ def in_process(n: int, seed: int) -> dict[str, object]:
     run_s = time.perf_counter() - t0
     return {
         "messages": n,
-        "crashes": len(crashes) + bad_states,
+        # a refused AgentBatch that changed a run is a state violation too
+        "crashes": len(crashes) + bad_states + target.refusals_that_changed,
         "crash_samples": crashes[:5],
         "refused": target.refused,
+        "batches_refused": target.batches_refused,
         "runs_tracked_end": len(target.registry.runs),
         "max_loop_hold_ms": round(target.max_slice_s * 1000, 2),  # CPU time, see InProcess
         "generate_s": round(gen_s, 1),

@@ -12,11 +12,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from guard._wire_checks import MAX_BATCH_MESSAGES
+from guard._wire_checks import MAX_BATCH_BYTES, MAX_BATCH_MESSAGES
 
 __all__ = ["MAX_BATCH_BYTES", "encode_batch", "take_batch", "take_encoded"]
-
-MAX_BATCH_BYTES = 4 << 20
 
 
 def take_batch(

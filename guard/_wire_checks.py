@@ -25,6 +25,7 @@ from guard.v1 import guard_pb2 as pb
 from guard.wire import limits_from_pb, usage_from_pb  # defined before guard.wire imports this
 
 __all__ = [
+    "MAX_BATCH_BYTES",
     "MAX_BATCH_MESSAGES",
     "check_allowance_request",
     "check_batch",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 MAX_BATCH_MESSAGES = 1024  # messages in one AgentBatch / GuardBatch (the proto says so)
+# bytes of the messages of one batch, as guard.wire.take_batch counts them (well under the
+# guard's 16 MiB message limit: a backed-up stream must not become one message the peer refuses)
+MAX_BATCH_BYTES = 4 << 20
 
 
 _HEX = "0123456789abcdefABCDEF"
@@ -134,3 +138,8 @@ def check_batch(batch: pb.AgentBatch) -> None:
         body = msg.WhichOneof("body")
         if body in ("hello", "batch") or body is None:
             raise InvalidInput(f"a batch may not hold {body or 'an empty message'}")
+    # one C call; take_batch counts the messages alone, so each one's framing (a tag and a
+    # length, at most 6 bytes) is allowed on top: no batch it makes is refused here
+    size, most = batch.ByteSize(), MAX_BATCH_BYTES + 6 * n
+    if size > most:
+        raise InputTooLarge(f"batch has {size} bytes (max {most} for {n} messages)")

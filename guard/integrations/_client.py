@@ -100,9 +100,26 @@ def _handed_back(after: After, call: ModelCall, result: Any, note: Any, is_async
 
 
 def wrap_method(
-    orig: Callable[..., Any], *, is_async: bool, prepare: Prepare, after: After
+    orig: Callable[..., Any],
+    *,
+    is_async: bool,
+    prepare: Prepare,
+    after: After,
+    wire_errors: tuple[type[BaseException], ...] | None = None,
 ) -> Callable[..., Any]:
-    """``orig`` (a client resource's method), guarded inside a ``@guard.run``."""
+    """``orig`` (a client resource's method), guarded inside a ``@guard.run``.
+
+    ``wire_errors``: the client's errors of a request that left (its ``APIError``); anything
+    else ``orig`` raises was raised by the client before the request left (an argument it
+    refuses), which is no model call: its reservation is released and nothing is recorded.
+    ``None``: every error is recorded as a failed model call."""
+
+    def failed(call: ModelCall, exc: BaseException) -> None:
+        if wire_errors is None or isinstance(exc, wire_errors):
+            call.fail(exc)
+        else:
+            call.abandon()
+
     if is_async:
 
         @functools.wraps(orig)
@@ -122,7 +139,7 @@ def wrap_method(
                 with call.attached():
                     result = await orig(self, *args, **kwargs)
             except BaseException as exc:
-                call.fail(exc)
+                failed(call, exc)
                 raise
             return _handed_back(after, call, result, req.note, True)
 
@@ -146,7 +163,7 @@ def wrap_method(
             with call.attached():
                 result = orig(self, *args, **kwargs)
         except BaseException as exc:
-            call.fail(exc)
+            failed(call, exc)
             raise
         return _handed_back(after, call, result, req.note, False)
 

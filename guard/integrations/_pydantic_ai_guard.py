@@ -6,8 +6,8 @@ framework's own extension point, so no private code path of the framework is pat
 * ``get_wrapper_model`` wraps the model that serves each request attempt in
   :class:`GuardedModel`, which counts it once (stop check, inferred step and reservation of the
   request's ``max_tokens`` before it leaves; usage and response id after), unless the call goes
-  through an ``openai`` client while the ``openai`` integration is on: that layer counts,
-  reserves and stops it already, so it is left alone there (counted once, never twice).
+  through an ``openai`` or ``anthropic`` client while that client's integration is on: that
+  layer counts, reserves and stops it already, so it is left alone there (counted once).
 * ``wrap_tool_execute`` admits each tool call before the tool runs (``RunStopped`` when the run
   is stopped or the tool quota is used up), records its fingerprint and result hash in-process
   for loop detection, and raises ``RunStopped`` when that call stopped the run: the result never
@@ -17,7 +17,7 @@ framework's own extension point, so no private code path of the framework is pat
 * ``wrap_node_run`` runs each node with :data:`~guard.integrations._base.COUNTED_KEY` in the
   OpenTelemetry context: the framework's own instrumentation starts its ``chat`` and
   ``execute_tool`` spans outside the model layer (its capability is the outermost one), and
-  those spans are of calls counted here or at the ``openai`` client, so they are not counted
+  those spans are of calls counted here or at the model's client, so they are not counted
   again (by the SDK's span processor or the guard).
 * ``wrap_run`` makes a cancel stop the framework's run at once when the guarded run's cancel
   cannot reach it by itself (a sync ``@guard.run`` around ``run_sync``, or a run driven by
@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import sys
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -82,26 +83,34 @@ def _finish(call: ModelCall, response: Any) -> None:
     call.finish(_usage(getattr(response, "usage", None)), rid if isinstance(rid, str) else None)
 
 
-def _openai_counts(model: Any) -> bool:
-    """Whether the ``openai`` integration guards this model's calls itself (counted there)."""
-    if "openai" not in enabled():
-        return False
-    try:
-        from openai import AsyncOpenAI, OpenAI
-    except ImportError:  # pragma: no cover - the openai extra is not installed
-        return False
-    return _calls_openai(model, (AsyncOpenAI, OpenAI))
+# integration -> (its library, the client classes whose calls it guards)
+_ANTHROPIC = ("Anthropic", "AsyncAnthropic", "AnthropicBedrock", "AsyncAnthropicBedrock")
+_CLIENTS = {
+    "openai": ("openai", ("OpenAI", "AsyncOpenAI")),
+    "anthropic": ("anthropic", (*_ANTHROPIC, "AnthropicVertex", "AsyncAnthropicVertex")),
+}
 
 
-def _calls_openai(model: Any, clients: tuple[type, ...]) -> bool:
+def _client_counts(model: Any) -> bool:
+    """Whether a client integration (``openai``'s, ``anthropic``'s) guards this model's calls
+    itself (counted there)."""
+    clients: list[type] = []
+    for name in enabled():
+        library, names = _CLIENTS.get(name, ("", ()))
+        module = sys.modules.get(library) if library else None
+        clients += [c for c in (getattr(module, n, None) for n in names) if isinstance(c, type)]
+    return bool(clients) and _calls_client(model, tuple(clients))
+
+
+def _calls_client(model: Any, clients: tuple[type, ...]) -> bool:
     while isinstance(model, WrapperModel):
         model = model.wrapped
     inner = getattr(model, "models", None)  # FallbackModel: wrapped as a whole
     if isinstance(inner, list) and inner:
-        # Only when every model is an openai one; a mixed chain is counted here, and its
-        # openai attempts once more underneath (a known limit: use the ModelFallback capability,
+        # Only when every model calls a guarded client; a mixed chain is counted here, and its
+        # guarded attempts once more underneath (a known limit: use the ModelFallback capability,
         # whose attempts are wrapped one by one).
-        return all(_calls_openai(m, clients) for m in inner)
+        return all(_calls_client(m, clients) for m in inner)
     return isinstance(getattr(model, "client", None), clients)
 
 
@@ -174,7 +183,7 @@ class GuardCapability(AbstractCapability[Any]):
         return None  # never part of an agent spec: it is added at run time
 
     def get_wrapper_model(self, model: Any) -> Any:
-        if active_run() is None or _openai_counts(model):
+        if active_run() is None or _client_counts(model):
             return None
         return GuardedModel(model)
 

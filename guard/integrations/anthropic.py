@@ -1,8 +1,9 @@
 """The ``anthropic`` client: Messages, sync and async, streaming and the ``.stream()`` helper.
 
 ``enable()`` wraps ``create``, ``parse`` and ``stream`` of ``Messages`` and ``AsyncMessages``,
-so every client is covered, including clients made before ``guard.instrument()``. Inside a
-``@guard.run`` each call is guarded by :mod:`guard.integrations._base` the way the ``openai``
+and of their beta twins (``client.beta.messages``, which LangChain's ``ChatAnthropic`` calls
+when betas are set, and Pydantic AI's Anthropic model always), so every client is covered,
+including clients made before ``guard.instrument()``. Inside a ``@guard.run`` each call is guarded by :mod:`guard.integrations._base` the way the ``openai``
 integration guards its client (the same wrapper, :mod:`guard.integrations._client`): a stop
 check and an inferred step before the request leaves, the request's ``max_tokens`` (which
 Anthropic requires) reserved, the usage and the response id (``msg_...``) recorded once. A
@@ -56,21 +57,22 @@ NAME = "anthropic"
 LIBRARY = "anthropic"
 
 _patched = Patches()
-# The .stream() helpers keep the request they make on entering in a private (name-mangled)
-# attribute; it is replaced by the guarded call, so the helper's stream is the guarded one.
-_REQUEST_ATTR = {
-    False: "_MessageStreamManager__api_request",
-    True: "_AsyncMessageStreamManager__api_request",
-}
 
 
 def enable() -> None:
-    """Wrap the Messages resource classes (idempotent)."""
+    """Wrap the Messages resource classes, and the beta ones (idempotent)."""
     if _patched:
         return
+    from anthropic.resources.beta.messages.messages import AsyncMessages as AsyncBetaMessages
+    from anthropic.resources.beta.messages.messages import Messages as BetaMessages
     from anthropic.resources.messages.messages import AsyncMessages, Messages
 
-    for cls, is_async in ((Messages, False), (AsyncMessages, True)):
+    for cls, is_async in (
+        (Messages, False),
+        (AsyncMessages, True),
+        (BetaMessages, False),
+        (AsyncBetaMessages, True),
+    ):
         for attr in ("create", "parse"):
             _patched.replace(cls, attr, functools.partial(_wrap, is_async=is_async))
         _patched.replace(cls, "stream", functools.partial(_wrap_helper, is_async=is_async))
@@ -161,7 +163,7 @@ def _prepare(run: Any, kw: dict[str, Any]) -> Request:
 
 
 def _wrap(orig: Any, *, is_async: bool) -> Any:
-    return wrap_method(orig, is_async=is_async, prepare=_prepare, after=_after)
+    return wrap_method(orig, **_guarding(is_async))
 
 
 def _wrap_helper(orig: Any, *, is_async: bool) -> Any:
@@ -184,7 +186,10 @@ def _wrap_helper(orig: Any, *, is_async: bool) -> Any:
 
 def _rewire(returned: Any, is_async: bool, kwargs: dict[str, Any]) -> None:
     """Make the helper's request, when it is entered, a guarded call with ``kwargs``."""
-    manager, attr = _manager(returned, is_async), _REQUEST_ATTR[is_async]
+    manager = _manager(returned, is_async)
+    # the manager keeps the request it makes on entering in a private (name-mangled)
+    # attribute; it is replaced by the guarded call, so the helper's stream is the guarded one
+    attr = f"_{type(manager).__name__}__api_request"
     request = vars(manager).get(attr) if manager is not None else None
     if request is None:  # another client version: left unguarded, never broken
         return
@@ -206,14 +211,24 @@ def _rewire(returned: Any, is_async: bool, kwargs: dict[str, Any]) -> None:
 
 
 def _manager(obj: Any, is_async: bool) -> Any:
-    """The client's own stream manager in what ``stream()`` returned: itself, or the one an
-    instrumentation that wrapped ``stream`` before ``guard.instrument()`` wrapped in turn
-    (OpenLLMetry's ``WrappedMessageStreamManager`` keeps it as ``_stream_manager``)."""
-    from anthropic.lib.streaming import AsyncMessageStreamManager, MessageStreamManager
+    """The client's own stream manager (of ``messages`` or ``beta.messages``) in what
+    ``stream()`` returned: itself, or the one an instrumentation that wrapped ``stream``
+    before ``guard.instrument()`` wrapped in turn (OpenLLMetry's ``WrappedMessageStreamManager``
+    keeps it as ``_stream_manager``)."""
+    from anthropic.lib.streaming import (
+        AsyncMessageStreamManager,
+        BetaAsyncMessageStreamManager,
+        BetaMessageStreamManager,
+        MessageStreamManager,
+    )
 
-    cls = AsyncMessageStreamManager if is_async else MessageStreamManager
+    classes = (
+        (AsyncMessageStreamManager, BetaAsyncMessageStreamManager)
+        if is_async
+        else (MessageStreamManager, BetaMessageStreamManager)
+    )
     for _ in range(4):
-        if type(obj) is cls:
+        if type(obj) in classes:
             return obj
         held = vars(obj) if hasattr(obj, "__dict__") else {}
         obj = held.get("_stream_manager", getattr(obj, "__wrapped__", None))
@@ -223,4 +238,9 @@ def _manager(obj: Any, is_async: bool) -> Any:
 
 
 def _guarding(is_async: bool) -> dict[str, Any]:
-    return {"is_async": is_async, "prepare": _prepare, "after": _after}
+    # A ValueError the client raises before sending (e.g. "Streaming is required for
+    # operations that may take longer than 10 minutes", which Pydantic AI answers by
+    # streaming) is no model call; an APIError is one that left.
+    from anthropic import APIError
+
+    return {"is_async": is_async, "prepare": _prepare, "after": _after, "wire_errors": (APIError,)}

@@ -43,6 +43,7 @@ from opentelemetry.trace import StatusCode
 from guard import semconv as A
 from guard.policy import Phase
 from guard.sdk._calls import MISSING, record_tool_call
+from guard.sdk._foreign_calls import CallLedger, RunCalls, calls_of, native_tools, note_integrated
 from guard.sdk._redact import copy_span
 from guard.sdk._reserve import current_reservation
 from guard.sdk._run import _current as _current_run
@@ -61,14 +62,20 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._runtime import Runtime
     from guard.sdk._step import Step
 
-__all__ = ["CallLedger", "ForeignSpans", "RunCalls"]
+__all__ = [
+    "COUNTED_KEY",
+    "CallLedger",
+    "ForeignSpans",
+    "RunCalls",
+    "note_integrated",
+    "stamped",
+]
 
 log = logging.getLogger("guard.sdk")
 
 _AFTER_MODEL = Phase.AFTER_MODEL_CALL
 _current_run_get = _current_run.get
 _OWNERS_MAX = 65_536  # open third-party spans tracked at once (a leak is forgotten, not grown)
-_SEEN_MAX = 256  # counted span ids kept per run (parents end within a few calls)
 _TOKENS = ("input_tokens", "output_tokens", "cache_read_tokens", "reasoning_tokens")
 _USAGE = tuple((f, USAGE_ATTRIBUTES[f]) for f in _TOKENS)
 _ATTR = {f: USAGE_ATTRIBUTES[f] for f in ("model", "response_model", "response_id", "operation")}
@@ -84,98 +91,6 @@ def _first(attrs: Any, keys: tuple[str, ...]) -> Any:
         if v is not None:
             return v
     return None
-
-
-class CallLedger:
-    """A step's model calls, as both sides reported them, until the other side does.
-
-    ``counted``: calls counted from a third-party span that no ``step.model_call`` claimed
-    yet; ``recorded``: explicit ``step.model_call`` records that no third-party span matched
-    yet. An entry is ``(response_id, input_tokens, output_tokens, cost_usd)``. Created on a
-    step when a third-party span starts in it, so steps without one pay nothing.
-    """
-
-    __slots__ = ("counted", "recorded")
-
-    def __init__(self) -> None:
-        self.counted: list[tuple[str | None, int, int, float | None]] = []
-        self.recorded: list[tuple[str | None, int, int, float | None]] = []
-
-    @staticmethod
-    def _take(entries: list, response_id: str | None, inp: int, out: int) -> Any:
-        for i, (rid, i_tok, o_tok, _cost) in enumerate(entries):
-            # both have a response id: it decides; else the counters do
-            if rid == response_id if response_id and rid else (i_tok, o_tok) == (inp, out):
-                return entries.pop(i)
-        return None
-
-    def claim(self, response_id: str | None, inp: int, out: int) -> Any:
-        """The counted third-party call this explicit record reports again, or ``None``."""
-        return self._take(self.counted, response_id, inp, out)
-
-    def matches_recorded(self, response_id: str | None, inp: int, out: int) -> bool:
-        """True when a third-party span reports a call the step already recorded."""
-        return self._take(self.recorded, response_id, inp, out) is not None
-
-
-class RunCalls:
-    """Per run: ids of counted third-party model spans and of their parents (aggregates), the
-    parents of counted tool spans, and how many tool calls were counted from spans."""
-
-    __slots__ = ("integrated", "parents", "spans", "tool_parents", "tools")
-
-    def __init__(self) -> None:
-        self.spans: dict[int, None] = {}
-        self.parents: dict[int, None] = {}
-        self.tool_parents: dict[int, None] = {}
-        self.tools = 0
-        # calls an integration recorded, (response id, input, output): a third-party span of
-        # one that started outside its step (OpenInference's LangChain LLM span opens before
-        # the call) is matched here, once
-        self.integrated: list[tuple[str | None, int, int, None]] = []
-
-    def take_integrated(self, response_id: str | None, inp: int, out: int) -> bool:
-        """Whether a call an integration recorded matches (and use it up)."""
-        return CallLedger._take(self.integrated, response_id, inp, out) is not None
-
-    def add(self, span_id: int, parent_id: int, tool: bool = False) -> None:
-        pairs = (
-            ((self.tool_parents, parent_id),)
-            if tool
-            else (
-                (self.spans, span_id),
-                (self.parents, parent_id),
-            )
-        )
-        for seen, key in pairs:
-            if key:
-                seen[key] = None
-                if len(seen) > _SEEN_MAX:
-                    del seen[next(iter(seen))]
-
-
-def _calls_of(run: Run) -> RunCalls:
-    calls = run.foreign_calls
-    if calls is None:
-        calls = run.foreign_calls = RunCalls()
-    return calls
-
-
-_INTEGRATED_MAX = 64  # recent integration calls kept per run for that match
-
-
-def note_integrated(run: Run, response_id: str | None, inp: int, out: int) -> None:
-    """An integration recorded this call of ``run`` (see :attr:`RunCalls.integrated`)."""
-    kept = _calls_of(run).integrated
-    kept.append((response_id, inp, out, None))  # CallLedger's entry shape
-    if len(kept) > _INTEGRATED_MAX:
-        del kept[0]
-
-
-def _native_tools(run: Run) -> int:
-    """Tool calls the run recorded itself (``@guard.tool``, ``step.tool_call``)."""
-    calls = run.foreign_calls
-    return run.budget.usage().tool_calls - (calls.tools if calls is not None else 0)
 
 
 # Set in the OpenTelemetry context by an integration (guard.integrations._base) while the
@@ -271,7 +186,7 @@ class ForeignSpans(SpanProcessor):
         if step is not None and (step.run is not run or step.span is None):
             step = None
         attrs = span.attributes or {}
-        tools = _native_tools(run) if _is_tool(span.name, attrs) else None
+        tools = native_tools(run) if _is_tool(span.name, attrs) else None
         if step is not None and step.calls is None:
             step.calls = CallLedger()  # steps with a third-party span keep a ledger
         if len(self._owners) >= _OWNERS_MAX:
@@ -326,7 +241,7 @@ class ForeignSpans(SpanProcessor):
         response_id = info["response_id"] if isinstance(info["response_id"], str) else None
         span_id = span.context.span_id
         parent_id = span.parent.span_id if span.parent is not None else 0
-        calls = _calls_of(run)
+        calls = calls_of(run)
         ledger = step.calls if step is not None else None
         if (
             owner.counted
@@ -369,10 +284,10 @@ class ForeignSpans(SpanProcessor):
         if not isinstance(name, str) or not name:
             head = A.EXECUTE_TOOL + " "
             name = span.name[len(head) :] if span.name.startswith(head) else span.name
-        calls = _calls_of(run)
+        calls = calls_of(run)
         span_id = span.context.span_id
         if span_id in calls.tool_parents or (
-            owner.tools is not None and _native_tools(run) > owner.tools and run.last_tool == name
+            owner.tools is not None and native_tools(run) > owner.tools and run.last_tool == name
         ):
             # a tool span inside it was counted, or @guard.tool recorded it while it was open:
             # it goes out as it is (no usage, no run id: the guard does not count it)

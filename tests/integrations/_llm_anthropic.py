@@ -56,10 +56,13 @@ def message_json(reply: Reply, model: str, rid: str) -> dict[str, Any]:
     }
 
 
-def message_events(reply: Reply, model: str, rid: str) -> list[dict[str, Any]]:
+def message_events(
+    reply: Reply, model: str, rid: str, full_delta: bool = False
+) -> list[dict[str, Any]]:
     """The stream of one reply: the first usage in ``message_start`` (one output token so
     far), the final output count in ``message_delta`` (its input fields absent, as Anthropic
-    sends them for a plain request: a reader must keep the ones it saw first)."""
+    sends them for a plain request: a reader must keep the ones it saw first; ``full_delta``:
+    the cumulative input counts too, as it sends them for others)."""
     start = {**message_json(reply, model, rid), "content": [], "stop_reason": None}
     start["usage"] = {**_usage(reply.usage), "output_tokens": 1}
     out: list[dict[str, Any]] = [{"type": "message_start", "message": start}]
@@ -77,6 +80,8 @@ def message_events(reply: Reply, model: str, rid: str) -> list[dict[str, Any]]:
         out += [{"type": "content_block_delta", "index": i, "delta": d} for d in deltas]
         out.append({"type": "content_block_stop", "index": i})
     final: dict[str, Any] = {"output_tokens": reply.usage.output}
+    if full_delta:
+        final = {**_usage(reply.usage), **final}
     final["output_tokens_details"] = {"thinking_tokens": reply.usage.reasoning}
     delta = {"stop_reason": _stop(reply), "stop_sequence": None}
     out.append({"type": "message_delta", "delta": delta, "usage": final})

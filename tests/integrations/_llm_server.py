@@ -129,6 +129,9 @@ class LLMServer:
     def __init__(self, script: Script | None = None) -> None:
         self.script: Script = script if script is not None else [text()]
         self.requests: list[tuple[str, dict[str, Any]]] = []  # (api, request json)
+        # Anthropic streams: message_delta repeats the cumulative input counts (as the API
+        # does for some requests), instead of only the output count
+        self.anthropic_full_delta = False
         self._gates: list[Gate] = []
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -247,7 +250,7 @@ class LLMServer:
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = _chat_events(reply, model, rid, with_usage)
         elif api == "anthropic":
-            events = anth.message_events(reply, model, rid)
+            events = anth.message_events(reply, model, rid, self.anthropic_full_delta)
         else:
             events = _responses_events(reply, model, rid)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 
 import pytest
 from _lg import MODES, Lookup, chat, instrument, runaway, then_answer
@@ -17,7 +16,6 @@ from langgraph.prebuilt import create_react_agent
 
 import guard
 from guard.cli._client import AdminClient
-from guard.policy import PolicyConfig
 from guard.server import MemorySink, ServerThread
 
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
@@ -27,15 +25,6 @@ LIMIT = {"recursion_limit": 400}
 @pytest.fixture(params=list(MODES))
 def instrumented(request: pytest.FixtureRequest) -> str:
     return instrument(request.param)
-
-
-@pytest.fixture
-def server() -> Iterator[tuple[ServerThread, MemorySink]]:
-    sink = MemorySink()
-    with ServerThread(PolicyConfig.from_dict(None), sink=sink) as srv:
-        guard.configure(endpoint=srv.address, admit_timeout_ms=3000)
-        yield srv, sink
-        guard.shutdown()
 
 
 def _record(sink: MemorySink, run_id: str):

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 
 from guard.v1 import guard_pb2 as pb
 
-from .fuzzing import Fuzzer
+from .fuzzing import BATCHES, Fuzzer
 
 __all__ = ["ADMIN_METHODS", "CRASH_CODES", "Remote", "drive", "remote_violations"]
 
@@ -46,6 +46,8 @@ class Remote:
         self.timeout_s = timeout_s
         self.codes: dict[str, int] = {}
         self.crashes: list[str] = []
+        # run ids of the AgentBatches the guard refused whole: none may ever be registered
+        self.refused_run_ids: set[str] = set()
 
     def _md(self, who: int) -> tuple[tuple[str, str], ...]:
         token = self.tokens[who % len(self.tokens)]
@@ -84,6 +86,19 @@ class Remote:
             return self._note(_ATTACH, exc.code(), exc.details())
         return self._note(_ATTACH, grpc.StatusCode.OK, None)
 
+    def batch(self, f: Fuzzer, who: int) -> grpc.StatusCode:
+        """A Hello then one AgentBatch of a drawn shape (:data:`~tests.server.fuzzing.BATCHES`):
+        a bad one is refused whole (its status, never OK) and its runs never registered."""
+        hello = pb.AgentMessage(hello=pb.Hello(process_id=f"b{who}", accepts_batches=True))
+        msg, fresh = f.batch()
+        kind = f.last_batch
+        code = self.attach([hello.SerializeToString(), msg.SerializeToString()], who)
+        if BATCHES[kind] is not None:
+            if code == grpc.StatusCode.OK:
+                self.crashes.append(f"a {kind} batch was answered OK")
+            self.refused_run_ids.update(fresh)
+        return code
+
     def health_raw(self, body: bytes, who: int) -> grpc.StatusCode:
         return self.unary(_HEALTH, body, who)
 
@@ -120,6 +135,9 @@ def remote_violations(remote: Remote, admin_token: str | None, max_runs: int) ->
         response_deserializer=pb.ListRunsResponse.FromString,
     )(pb.ListRunsRequest(limit=100_000), metadata=md, timeout=30)
     out = []
+    registered = remote.refused_run_ids.intersection(r.run_id for r in listed.runs)
+    if registered:
+        out.append(f"runs of refused batches registered: {sorted(registered)[:3]}")
     if listed.total > max_runs:
         out.append(f"{listed.total} tracked runs > {max_runs}")
     for r in listed.runs:
@@ -151,6 +169,9 @@ def drive(remote: Remote, f: Fuzzer, n: int) -> int:
         if kind < 0.45:
             remote.export(f.otlp_body(), who)
             sent += 1
+        elif kind < 0.55:
+            remote.batch(f, who)
+            sent += 2
         elif kind < 0.8:
             hello = pb.AgentMessage(hello=pb.Hello(process_id=f"p{who}")).SerializeToString()
             bodies = [hello] if r.random() < 0.8 else []

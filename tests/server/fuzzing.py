@@ -3,15 +3,9 @@
 :class:`Fuzzer` makes hostile inputs from a seed: OTLP Export bodies (structurally valid
 requests full of extreme attribute values, then often byte-mutated: flips, truncations,
 insertions, splices, or plain random bytes), AgentMessages of every kind with extreme fields
-(serialized and sometimes byte-mutated), and admin / health request bodies.
-
-:class:`InProcess` feeds them through the guard's real code without a network: the OTLP
-body through ``_decode.decode_slices`` (the native decoder, with its fallback to the reference)
-into ``Registry.ingest``, exactly as the Export handler does; agent messages
-through the ``guard.wire`` checks into the registry as the control reader does. A
-``GuardError`` is the clear status a client would get; anything else is a crash.
-:func:`violations` checks the state invariants: no non-finite value in a run budget or a
-tenant window, counters >= 0, tracked runs under their cap.
+(serialized and sometimes byte-mutated), AgentBatches of every shape (:data:`BATCHES`: valid,
+odd content, oversized by count or bytes, nested), and admin / health request bodies. The in-process target is
+:mod:`tests.server.fuzz_target`; the network side :mod:`tests.server.fuzz_remote`.
 """
 
 from __future__ import annotations
@@ -26,22 +20,19 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from guard.errors import GuardError
 from guard.policy import PolicyConfig
-from guard.server import MemorySink
-from guard.server._auth import Principal
-from guard.server._decode import decode_slices
-from guard.server._fanout import AgentSession
 from guard.server._otlp import CHUNK_SPANS
-from guard.server._registry import Registry
 from guard.server._schema import FLOAT as _FLOAT
 from guard.server._schema import INT as _INT
 from guard.server._schema import KEYS as _KEYS
 from guard.server._schema import STR as _STR
 from guard.v1 import guard_pb2 as pb
-from guard.wire import check_heartbeat, check_hello, check_run_started, outcome_from_pb
+from guard.wire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_MESSAGES,
+)
 
-__all__ = ["TENANTS", "Fuzzer", "InProcess", "fuzz_config", "violations"]
+__all__ = ["BAD_BATCHES", "BATCHES", "TENANTS", "Fuzzer", "fuzz_config"]
 
 TENANTS = ("acme", "globex")
 _INTS = [0, 1, 2, 7, 127, 128, 16383, 16384, 2**31, 2**40, 10**12, 10**12 + 1, 2**62, 2**63 - 1]
@@ -55,6 +46,18 @@ _REASON = ["final_answer", "max_steps", "operator_cancel", "error", "", "nope"]
 _NAMES = ["guard.step", "execute_tool search", "chat gpt-4.1", "invoke_agent bot", "GET /", ""]
 _OTHER_KEYS = ["http.method", "gen_ai.system", "gen_ai.tool.call.id", "", "k" * 200]
 _KEY_LIST = sorted(_KEYS)
+# AgentBatch shapes -> the status the guard must answer the whole batch with (None: accepted;
+# "odd": whatever its messages earn, each at its turn, as if alone)
+BATCHES: dict[str, str | None] = {
+    "valid": None,
+    "odd": None,
+    "too_many": "RESOURCE_EXHAUSTED",  # > MAX_BATCH_MESSAGES
+    "too_big": "RESOURCE_EXHAUSTED",  # > MAX_BATCH_BYTES, every message valid alone
+    "nested_hello": "INVALID_ARGUMENT",
+    "nested_batch": "INVALID_ARGUMENT",
+    "empty_inner": "INVALID_ARGUMENT",
+}
+BAD_BATCHES = tuple(k for k, v in BATCHES.items() if v is not None)
 
 
 def fuzz_config(max_runs: int = 400, auth: dict[str, Any] | None = None) -> PolicyConfig:
@@ -86,6 +89,9 @@ class Fuzzer:
         self.traces = [bytes([i]) * 16 for i in range(1, 7)] + [b"", b"\x01" * 3, b"\x02" * 40]
         self._text = ["", "a", "é" * 200, "\x00", "ab" * 32, "ab" * 33, "zz", "y" * 257]
         self._r = r
+        self._batches = 0  # AgentBatches made: their run ids are fresh
+        self.last_batch = ""  # the shape (BATCHES key) of the last one
+        self._beat: pb.AgentMessage | None = None  # the heartbeat of an over-4-MiB batch
 
     # -- values ----------------------------------------------------------------------------
     def pick(self, seq: list[Any]) -> Any:
@@ -209,10 +215,12 @@ class Fuzzer:
         _set(rs, "request_id", self.count())
         return rs
 
-    def agent_message(self) -> pb.AgentMessage:
+    def agent_message(self, batches: bool = True) -> pb.AgentMessage:
         r = self._r
-        kind = r.randrange(7)
+        kind = r.randrange(8 if batches else 7)
         m = pb.AgentMessage()
+        if kind == 7:
+            return self.batch()[0]
         if kind == 0:
             m.hello.process_id = self.text()
             m.hello.tenant = self.pick(["", *TENANTS])
@@ -243,123 +251,81 @@ class Fuzzer:
             _set(a, "tokens", self.count())
         return m
 
+    # -- control batches ---------------------------------------------------------------------
+    def batch(self, kind: str | None = None) -> tuple[pb.AgentMessage, list[str]]:
+        """An AgentMessage holding an AgentBatch of ``kind`` (a key of :data:`BATCHES`; drawn
+        when ``None``: mostly valid or odd, sometimes oversized or nested), and the run ids its
+        ``RunStarted`` messages register, fresh ones: a refused batch must register none."""
+        r = self._r
+        if kind is None:
+            roll = r.random()
+            bad = [k for k in BAD_BATCHES if k != "too_big"]
+            kind = "valid" if roll < 0.45 else "odd" if roll < 0.8 else r.choice(bad)
+            kind = "too_big" if roll > 0.99 else kind  # rare: over 4 MiB each
+        self.last_batch = kind
+        self._batches += 1
+        fresh = [f"fz-batch-{self._batches}-{i}" for i in range(r.randrange(1, 4))]
+        msgs = [self._started(rid) for rid in fresh]
+        if kind == "valid":
+            msgs += [self._ok_message(fresh) for _ in range(r.randrange(0, 12))]
+            msgs += [self._ended(rid) for rid in fresh if r.random() < 0.5]
+        elif kind == "odd":  # hostile content, each message at its turn
+            msgs += [self.agent_message(batches=False) for _ in range(r.randrange(1, 8))]
+            msgs = [m for m in msgs if m.WhichOneof("body") != "hello"]
+        elif kind == "too_many":
+            ack = pb.AgentMessage(ack=pb.Ack(command_id=1, run_id=fresh[0]))
+            msgs += [ack] * (MAX_BATCH_MESSAGES + 1 - len(msgs) + r.randrange(50))
+        elif kind == "too_big":  # heartbeats, each well within its own bounds
+            msgs += [self._big_beat()] * 2  # just over 4 MiB with the rest (stream: 16 MiB)
+        else:
+            inner = {
+                "nested_hello": pb.AgentMessage(hello=pb.Hello(process_id="again")),
+                "nested_batch": pb.AgentMessage(batch=pb.AgentBatch(messages=msgs[:1])),
+                "empty_inner": pb.AgentMessage(),
+            }[kind]
+            msgs.insert(r.randrange(len(msgs) + 1), inner)
+        return pb.AgentMessage(batch=pb.AgentBatch(messages=msgs)), fresh
+
+    def _big_beat(self) -> pb.AgentMessage:
+        """A heartbeat of half the batch byte bound (made once: 8k runs, 256-character ids)."""
+        beat = self._beat
+        if beat is None:
+            beat = self._beat = pb.AgentMessage()
+            n = MAX_BATCH_BYTES // 2 // 261 + 1
+            beat.heartbeat.runs.extend(pb.RunProgress(run_id=f"{i:0256d}") for i in range(n))
+        return beat
+
+    def _started(self, run_id: str) -> pb.AgentMessage:
+        rs = pb.RunStarted(run_id=run_id, agent="fz", trace_id=self.pick(self.traces[:6]).hex())
+        rs.request_id = self._r.randrange(1, 2**31)
+        return pb.AgentMessage(run_started=rs)
+
+    def _ended(self, run_id: str) -> pb.AgentMessage:
+        m = pb.AgentMessage()
+        o = m.run_ended.outcome
+        o.run_id, o.status, o.reason = run_id, "completed", "final_answer"
+        r = self._r
+        o.usage.steps, o.usage.input_tokens, o.usage.cost_usd = (
+            r.randrange(9),
+            r.randrange(999),
+            0.5,
+        )
+        return m
+
+    def _ok_message(self, fresh: list[str]) -> pb.AgentMessage:
+        """A message valid on its own (a heartbeat, an ack, an allowance request)."""
+        r, m = self._r, pb.AgentMessage()
+        kind = r.randrange(3)
+        if kind == 0:
+            for rid in fresh:
+                m.heartbeat.runs.add(run_id=rid, paused=r.random() < 0.2)
+        elif kind == 1:
+            m.ack.command_id, m.ack.run_id = r.randrange(1, 1000), self.pick(fresh)
+        else:
+            a = m.allowance_request
+            a.run_id, a.cost_usd, a.tokens = self.pick(fresh), r.uniform(0, 1), r.randrange(1000)
+        return m
+
     def agent_body(self) -> bytes:
         data = self.agent_message().SerializeToString()
         return self.mutate(data) if self._r.random() < 0.2 else data
-
-
-class InProcess:
-    """The guard's decode path and registry, driven directly (no network, no event loop)."""
-
-    def __init__(self, config: PolicyConfig | None = None, sink: Any = None) -> None:
-        self.config = config or fuzz_config()
-        self.sink = sink if sink is not None else MemorySink()
-        self.registry = Registry(self.config, self.sink, guard_id="fuzz")
-        self.principals = [Principal(tenant=t, admin=False) for t in TENANTS]
-        self.principals.append(Principal(tenant=None, admin=True))
-        self.sessions: dict[int, AgentSession] = {}
-        self.refused = 0
-        # the longest stretch of work between two points where the server would yield to
-        # its event loop (the Export handler yields between chunks): the loop hold, in CPU
-        # time of this thread (wall time on a shared machine also counts preemption)
-        self.max_slice_s = 0.0
-
-    def _principal(self, i: int) -> Principal:
-        return self.principals[i % len(self.principals)]
-
-    def export(self, data: bytes, who: int) -> None:
-        """What ``_otlp``'s Export does with ``data``, timing the slices between its yields."""
-        clock = time.thread_time
-        start = clock()
-        chunks = []
-        try:
-            for c in decode_slices(data, CHUNK_SPANS):
-                chunks.append(c)
-                start = self._slice(start, clock())
-        except GuardError:
-            self.refused += 1
-            self._slice(start, clock())
-            return
-        for decoded in chunks:
-            self.registry.ingest(decoded, self._principal(who))
-            start = self._slice(start, clock())
-
-    def _slice(self, start: float, end: float) -> float:
-        self.max_slice_s = max(self.max_slice_s, end - start)
-        return end
-
-    def control(self, data: bytes, who: int) -> None:
-        """What the control reader does with one message body (a fresh session per Hello)."""
-        start = time.thread_time()
-        try:
-            self._control(data, who)
-        finally:
-            self._slice(start, time.thread_time())
-
-    def _control(self, data: bytes, who: int) -> None:
-        principal = self._principal(who)
-        reg = self.registry
-        try:
-            msg = pb.AgentMessage.FromString(data)
-        except Exception:
-            self.refused += 1  # the safe deserializer's INVALID_ARGUMENT
-            return
-        body = msg.WhichOneof("body")
-        session = self.sessions.get(who)
-        try:
-            if body == "hello" or session is None:
-                if body != "hello":
-                    self.refused += 1
-                    return
-                check_hello(msg.hello)
-                tenant = msg.hello.tenant or (principal.tenant or "")
-                principal.check_tenant(tenant, "the stream")
-                for rs in msg.hello.live_runs:
-                    principal.check_tenant(rs.tenant or tenant)
-                if session is not None:
-                    reg.detach(session)
-                session = AgentSession(f"s{who}", principal.tenant, reg.log)
-                self.sessions[who] = session
-                reg.hello(session, msg.hello, principal)
-            elif body == "run_started":
-                check_run_started(msg.run_started)
-                reg.register(session, msg.run_started, principal)
-            elif body == "heartbeat":
-                check_heartbeat(msg.heartbeat)
-                reg.heartbeat(session, msg.heartbeat)
-            elif body == "run_ended":
-                reg.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
-            elif body == "ack":
-                reg.ack(session, msg.ack)
-            else:
-                self.refused += 1
-        except GuardError:
-            self.refused += 1
-        # drain what the registry queued for the agent (nobody reads it here)
-        while session is not None and not session.queue.empty():
-            session.queue.get_nowait()
-
-    def sweep(self) -> None:
-        self.registry.sweep()
-
-
-def _bad_number(x: Any) -> bool:
-    return x is not None and (not math.isfinite(x) or x < 0)
-
-
-def violations(registry: Registry) -> list[str]:
-    """State invariants: finite, non-negative usage in every run and window; runs capped."""
-    out = []
-    if len(registry.runs) > registry.max_runs:
-        out.append(f"{len(registry.runs)} tracked runs > max_tracked_runs {registry.max_runs}")
-    for run in registry.runs.values():
-        u = run.budget.usage()
-        counts = (u.steps, u.model_calls, u.tool_calls, u.input_tokens, u.output_tokens)
-        if min(counts) < 0 or _bad_number(u.cost_usd) or _bad_number(run.cost_used):
-            out.append(f"run {run.run_id[:40]!r}: usage {u}")
-    budgets = registry.budgets
-    for name in budgets.known():
-        for w in budgets.status(name).windows:
-            if not math.isfinite(w.used):
-                out.append(f"tenant {name!r}: window {w.metric} used={w.used}")
-    return out

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import logging
 
+import grpc
 import pytest
+from _wait import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.errors import InvalidInput
-from guard.server import ServerThread
+from guard.server import MemorySink, ServerThread
 from guard.server._decode import decode_slices
 from guard.server._otlp import CHUNK_SPANS
+from guard.v1 import guard_pb2 as pb
 
 from .conftest import AUTH, AUTH_ENV
 from .fuzz_remote import Remote, drive
-from .fuzzing import Fuzzer, InProcess, fuzz_config, violations
+from .fuzz_target import InProcess, violations
+from .fuzzing import BAD_BATCHES, BATCHES, Fuzzer, fuzz_config
 
 IN_PROCESS_MESSAGES = 3000
 OVER_GRPC_MESSAGES = 400
@@ -78,3 +82,58 @@ def test_fuzz_over_grpc_never_unknown_nor_a_traceback(caplog):
     ]
     assert logged == []
     assert {"OK", "INVALID_ARGUMENT"} <= set(remote.codes)  # both sides of the line reached
+
+
+@pytest.mark.parametrize("kind", BATCHES)
+def test_each_batch_shape_in_process(kind):
+    """A bad AgentBatch is refused whole (a GuardError, counted) and registers none of its
+    runs; a valid one registers them; odd content is refused or applied, never a crash."""
+    f = Fuzzer(11)
+    target = InProcess(fuzz_config(max_runs=60))
+    hello = pb.AgentMessage(hello=pb.Hello(process_id="p", tenant="acme"))
+    for _ in range(5):
+        target.control(hello.SerializeToString(), 0)  # a fresh session each time
+        msg, fresh = f.batch(kind)
+        target.control(msg.SerializeToString(), 0)
+        # registered: tracked, or ended by the batch (its record written)
+        seen = [rid in target.registry.runs or target.sink.run(rid) for rid in fresh]
+        if kind in BAD_BATCHES:
+            assert not any(seen)
+        elif kind == "valid":
+            assert all(seen)
+    if kind != "odd":  # odd content may hold an empty message, which refuses it whole
+        assert target.batches_refused == (5 if kind in BAD_BATCHES else 0)
+    assert target.refusals_that_changed == 0
+    assert violations(target.registry) == []
+
+
+@pytest.mark.parametrize("kind", BAD_BATCHES)
+def test_a_bad_batch_over_grpc_is_refused_whole_with_a_clear_status(kind):
+    """The real servicer: the stream ends with the batch's status and a one-line reason that
+    says why, and not one run of the batch was registered; a valid batch on the same guard
+    registers its runs (so the check can fail)."""
+    sink = MemorySink()
+    with ServerThread(fuzz_config(max_runs=60, auth=AUTH), environ=AUTH_ENV, sink=sink) as srv:
+        remote = Remote(srv.address, ["acme-secret"])
+        f = Fuzzer(5)
+
+        def seen(run_ids: list[str]) -> list[bool]:  # tracked, or ended (its record written)
+            runs = srv.call(lambda: set(srv.server.registry.runs))
+            return [rid in runs or sink.run(rid) is not None for rid in run_ids]
+
+        hello = pb.AgentMessage(hello=pb.Hello(process_id="p", accepts_batches=True))
+        msg, fresh = f.batch(kind)
+        call = remote.channel.stream_stream("/guard.v1.GuardControl/Attach")
+        bodies = iter([hello.SerializeToString(), msg.SerializeToString()])
+        with pytest.raises(grpc.RpcError) as refused:
+            for _ in call(bodies, metadata=remote._md(0), timeout=10):
+                pass
+        assert refused.value.code().name == BATCHES[kind]
+        reason = refused.value.details()
+        assert "\n" not in reason and ("batch" in reason or "message" in reason), reason
+        assert not any(seen(fresh))
+
+        ok, ok_fresh = f.batch("valid")  # the same stream shape, accepted
+        assert remote.attach([hello.SerializeToString(), ok.SerializeToString()], 0).name == "OK"
+        wait_until(lambda: all(seen(ok_fresh)), 10, "the valid batch's runs")
+        remote.close()
