@@ -17,6 +17,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
 
 /* ---- SHA-256 --------------------------------------------------------------------------- */
 
@@ -476,6 +477,372 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
     return res;
 }
 
+/* ---- record kernels: the policy's per-span arithmetic on its own objects --------------------
+ *
+ * The guard's span path (guard/server/_spannative.c) records every span of the three common
+ * kinds through these, instead of through Budget.record_step / record_model_call,
+ * LoopDetector.observe_action / end_step and Forecaster.observe. Each one does exactly what its
+ * Python method does, in the same order and with the same Python arithmetic (PyNumber_*), on
+ * the slots of the policy's own classes, which guard/policy/_kernels.py hands to bind() (the
+ * offsets are read from the classes' member descriptors, and every object is checked to be
+ * of exactly the bound class). Exactness by refusal: a kernel that returns None has changed
+ * nothing, and its caller takes the Python method instead (a budget whose lock is held by
+ * another thread, a count or cost the Python check would refuse, a step it does not cover).
+ * tests/policy/test_policy_kernels.py holds each kernel to its method. */
+
+enum { B_USAGES, B_SEQ, B_LOCK, NB };
+enum { U_STEPS, U_MODEL_CALLS, U_IN, U_OUT, U_REASONING, U_CACHED, U_COST, NU };
+enum { L_ACTS, L_RES, L_N, L_SETTINGS, L_STALE, L_GBITS, L_GOFF, NL };
+enum { F_N, F_SX, F_SY, F_SXX, F_SXY, F_LAST, NF };
+static PyTypeObject *k_budget, *k_usage, *k_loop, *k_forecaster;
+static Py_ssize_t off_b[NB], off_u[NU], off_l[NL], off_f[NF];
+static PyObject *k_ok, *k_zero_f, *k_zero, *k_one, *s_locked, *s_window, *s_threshold;
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+/* The offset of a __slots__ member of `type` (a member descriptor holding an object). */
+static int member_offset(PyObject *type, const char *name, Py_ssize_t *off) {
+    PyObject *d = PyObject_GetAttrString(type, name);
+    int ok;
+    if (d == NULL) return -1;
+    ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+         ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX;
+    if (ok) *off = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (!ok) PyErr_Format(PyExc_TypeError, "%s is not a slot", name);
+    return ok ? 0 : -1;
+}
+
+static int offsets(PyObject *type, const char *const *names, Py_ssize_t *out, int n) {
+    int i;
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes classes");
+        return -1;
+    }
+    for (i = 0; i < n; i++)
+        if (member_offset(type, names[i], &out[i]) < 0) return -1;
+    return 0;
+}
+
+/* bind(Budget, Usage, LoopDetector, Forecaster, ok_verdict) */
+static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *const nb[] = {"_usages", "_seq", "_lock"};
+    static const char *const nu[] = {"steps",         "model_calls",      "input_tokens",
+                                     "output_tokens", "reasoning_tokens", "cached_tokens",
+                                     "cost_usd"};
+    static const char *const nl[] = {"_acts", "_res", "_n", "settings", "_stale", "_gbits", "_goff"};
+    static const char *const nf[] = {"_n", "_sx", "_sy", "_sxx", "_sxy", "_last"};
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes 5 arguments");
+        return NULL;
+    }
+    if (offsets(args[0], nb, off_b, NB) < 0 || offsets(args[1], nu, off_u, NU) < 0 ||
+        offsets(args[2], nl, off_l, NL) < 0 || offsets(args[3], nf, off_f, NF) < 0)
+        return NULL;
+    if (k_zero_f == NULL) {
+        k_zero_f = PyFloat_FromDouble(0.0);
+        k_one = PyLong_FromLong(1);
+        k_zero = PyLong_FromLong(0);
+        s_locked = PyUnicode_InternFromString("locked");
+        s_window = PyUnicode_InternFromString("window");
+        s_threshold = PyUnicode_InternFromString("repeat_threshold");
+        if (!k_zero_f || !k_zero || !k_one || !s_locked || !s_window || !s_threshold) return NULL;
+    }
+    Py_XSETREF(k_budget, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(k_usage, (PyTypeObject *)Py_NewRef(args[1]));
+    Py_XSETREF(k_loop, (PyTypeObject *)Py_NewRef(args[2]));
+    Py_XSETREF(k_forecaster, (PyTypeObject *)Py_NewRef(args[3]));
+    Py_XSETREF(k_ok, Py_NewRef(args[4]));
+    Py_RETURN_NONE;
+}
+
+/* slot += delta (Python's +=); 0, or -1 with an exception. */
+static int slot_add(PyObject *o, Py_ssize_t off, PyObject *delta) {
+    PyObject *v = SLOT(o, off), *sum;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "slot not set");
+        return -1;
+    }
+    sum = PyNumber_InPlaceAdd(v, delta);
+    if (sum == NULL) return -1;
+    SLOT(o, off) = sum;
+    Py_DECREF(v);
+    return 0;
+}
+
+static void slot_set(PyObject *o, Py_ssize_t off, PyObject *v) {
+    PyObject *old = SLOT(o, off);
+    SLOT(o, off) = Py_NewRef(v);
+    Py_XDECREF(old);
+}
+
+/* u.cost_usd = (u.cost_usd or 0.0) + cost */
+static int add_cost(PyObject *u, PyObject *cost) {
+    PyObject *v = SLOT(u, off_u[U_COST]), *sum;
+    int t;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cost_usd not set");
+        return -1;
+    }
+    t = PyObject_IsTrue(v);
+    if (t < 0) return -1;
+    sum = PyNumber_Add(t ? v : k_zero_f, cost);
+    if (sum == NULL) return -1;
+    SLOT(u, off_u[U_COST]) = sum;
+    Py_DECREF(v);
+    return 0;
+}
+
+static int plain_count(PyObject *v) {
+    return PyLong_CheckExact(v) && _PyLong_Sign(v) >= 0;
+}
+
+/* The budget's usages (itself and its ancestors) when it may be recorded into natively now:
+ * exactly a Budget, bound, and its lock not held (another thread inside the lock would be
+ * interleaved with; the Python method waits for it instead). NULL: refused (or an error). */
+static PyObject *usages_of(PyObject *budget, PyObject *also) {
+    PyObject *lock, *held, *usages;
+    Py_ssize_t i;
+    if (k_budget == NULL || !Py_IS_TYPE(budget, k_budget) || !Py_IS_TYPE(also, k_usage))
+        return NULL;
+    usages = SLOT(budget, off_b[B_USAGES]);
+    lock = SLOT(budget, off_b[B_LOCK]);
+    if (usages == NULL || lock == NULL || SLOT(budget, off_b[B_SEQ]) == NULL ||
+        !PyTuple_CheckExact(usages))
+        return NULL;
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++)
+        if (!Py_IS_TYPE(PyTuple_GET_ITEM(usages, i), k_usage)) return NULL;
+    held = PyObject_CallMethodNoArgs(lock, s_locked);
+    if (held == NULL) return NULL;
+    Py_DECREF(held);
+    return held == Py_False ? usages : NULL;
+}
+
+/* budget_step(budget, also) -> seq | None: Budget.record_step(), then also.steps += 1. */
+static PyObject *sp_budget_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *usages, *b;
+    Py_ssize_t i;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "budget_step() takes 2 arguments");
+        return NULL;
+    }
+    b = args[0];
+    usages = usages_of(b, args[1]);
+    if (usages == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++)
+        if (slot_add(PyTuple_GET_ITEM(usages, i), off_u[U_STEPS], k_one) < 0) return NULL;
+    if (slot_add(b, off_b[B_SEQ], k_one) < 0) return NULL;
+    if (slot_add(args[1], off_u[U_STEPS], k_one) < 0) return NULL;
+    return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
+/* The model-call counters of one usage, in Budget._add_model_call_locked's order. */
+static int add_model(PyObject *u, PyObject *const *c, PyObject *cost) {
+    int j;
+    if (slot_add(u, off_u[U_MODEL_CALLS], k_one) < 0) return -1;
+    for (j = 0; j < 4; j++)
+        if (slot_add(u, off_u[U_IN + j], c[j]) < 0) return -1;
+    return cost == Py_None ? 0 : add_cost(u, cost);
+}
+
+/* budget_model_call(budget, also, input, output, reasoning, cached, cost) -> seq | None:
+ * Budget.record_model_call(...) of plain counts (exact ints >= 0) and a plain cost (None or
+ * an exact finite float >= 0), then the same usage added to `also`. */
+static PyObject *sp_budget_model_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *usages, *b, *cost;
+    Py_ssize_t i;
+    int j;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "budget_model_call() takes 7 arguments");
+        return NULL;
+    }
+    for (j = 2; j < 6; j++)
+        if (!plain_count(args[j])) Py_RETURN_NONE;
+    cost = args[6];
+    if (cost != Py_None) {
+        double c;
+        if (!PyFloat_CheckExact(cost)) Py_RETURN_NONE;
+        c = PyFloat_AS_DOUBLE(cost);
+        if (!(c >= 0.0 && c < Py_HUGE_VAL)) Py_RETURN_NONE;
+    }
+    b = args[0];
+    usages = usages_of(b, args[1]);
+    if (usages == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (slot_add(b, off_b[B_SEQ], k_one) < 0) return NULL;
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++)
+        if (add_model(PyTuple_GET_ITEM(usages, i), args + 2, cost) < 0) return NULL;
+    if (add_model(args[1], args + 2, cost) < 0) return NULL;
+    return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
+/* The detector's rings and window when it is exactly a bound LoopDetector whose rings match
+ * its settings (else 0: the Python method handles it). */
+static int loop_rings(PyObject *d, Py_buffer *va, Py_buffer *vr, Py_ssize_t *w, Py_ssize_t *k) {
+    PyObject *settings, *v;
+    if (k_loop == NULL || !Py_IS_TYPE(d, k_loop)) return 0;
+    settings = SLOT(d, off_l[L_SETTINGS]);
+    if (settings == NULL || SLOT(d, off_l[L_N]) == NULL || !PyLong_CheckExact(SLOT(d, off_l[L_N])))
+        return 0;
+    v = PyObject_GetAttr(settings, s_window);
+    if (v == NULL) return -1;
+    *w = PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
+    Py_DECREF(v);
+    v = PyObject_GetAttr(settings, s_threshold);
+    if (v == NULL) return -1;
+    *k = PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
+    Py_DECREF(v);
+    if (PyErr_Occurred()) return -1;
+    if (*w < 2 || *k < 2) return 0;
+    if (SLOT(d, off_l[L_ACTS]) == NULL || SLOT(d, off_l[L_RES]) == NULL) return 0;
+    if (PyObject_GetBuffer(SLOT(d, off_l[L_ACTS]), va, PyBUF_WRITABLE) < 0) return -1;
+    if (PyObject_GetBuffer(SLOT(d, off_l[L_RES]), vr, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(va);
+        return -1;
+    }
+    if (va->len != 8 * *w || vr->len != 8 * *w) {
+        PyBuffer_Release(va);
+        PyBuffer_Release(vr);
+        return 0;
+    }
+    return 1;
+}
+
+/* loop_observe(detector, action, result) -> bool | None: LoopDetector.observe_action()'s
+ * first half, as observe() above on the detector's own rings, with its call count advanced:
+ * True when no pattern can fire (the verdict is CONTINUE), False when the caller must finish
+ * with detector.judge_last(). None, with nothing written: the method handles it. */
+static PyObject *sp_loop_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer va, vr;
+    Py_ssize_t w, k, slot, n;
+    uint64_t a, r = 0;
+    PyObject *result, *d, *nobj, *next;
+    int rc, quiet;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "loop_observe() takes 3 arguments");
+        return NULL;
+    }
+    d = args[0];
+    result = args[2];
+    if (!hex64(args[1], &a)) Py_RETURN_NONE;
+    if (result != Py_None && !(PyUnicode_CheckExact(result) && PyUnicode_GET_LENGTH(result) == 0))
+        if (!hex64(result, &r)) Py_RETURN_NONE;
+    rc = loop_rings(d, &va, &vr, &w, &k);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    nobj = SLOT(d, off_l[L_N]);
+    n = PyLong_AsSsize_t(nobj);
+    next = n < 0 ? NULL : PyNumber_Add(nobj, k_one);
+    if (next == NULL) {
+        PyBuffer_Release(&va);
+        PyBuffer_Release(&vr);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    slot = n % w;
+    memcpy((char *)va.buf + 8 * slot, &a, 8);
+    memcpy((char *)vr.buf + 8 * slot, &r, 8);
+    quiet = count64(va.buf, w, a) < k - 1 && (!r || count64(vr.buf, w, r) < k + 1);
+    PyBuffer_Release(&va);
+    PyBuffer_Release(&vr);
+    SLOT(d, off_l[L_N]) = next;
+    Py_DECREF(nobj);
+    return PyBool_FromLong(quiet);
+}
+
+/* loop_end_step(detector, state, progress) -> verdict | None: LoopDetector.end_step() when
+ * the step says nothing (no state, no progress signal: CONTINUE, nothing changes) or reports
+ * progress without a state (the stale count restarts and the facts grew at this call count,
+ * within the kept bits). None, with nothing changed, for every other step. */
+static PyObject *sp_loop_end_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *d, *n, *goff, *gbits, *acts, *b, *bit, *merged;
+    Py_ssize_t width;
+    long long bv;
+    int over;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "loop_end_step() takes 3 arguments");
+        return NULL;
+    }
+    d = args[0];
+    if (k_loop == NULL || !Py_IS_TYPE(d, k_loop) || args[1] != Py_None) Py_RETURN_NONE;
+    if (args[2] == Py_None) return Py_NewRef(k_ok);
+    if (args[2] != Py_True) Py_RETURN_NONE;
+    n = SLOT(d, off_l[L_N]);
+    goff = SLOT(d, off_l[L_GOFF]);
+    gbits = SLOT(d, off_l[L_GBITS]);
+    acts = SLOT(d, off_l[L_ACTS]);
+    if (!n || !goff || !gbits || !acts || !PyLong_CheckExact(n) || !PyLong_CheckExact(goff) ||
+        !PyLong_CheckExact(gbits) || SLOT(d, off_l[L_STALE]) == NULL)
+        Py_RETURN_NONE;
+    width = PyObject_Length(acts);
+    if (width < 0) return NULL;
+    bv = PyLong_AsLongLongAndOverflow(n, &over);
+    if (!over) {
+        long long g = PyLong_AsLongLongAndOverflow(goff, &over);
+        bv -= g;
+    }
+    if (over || PyErr_Occurred() || bv >= 2 * (long long)width) Py_RETURN_NONE; /* _grown() */
+    if (bv < 0) Py_RETURN_NONE;
+    b = PyLong_FromLongLong(bv);
+    if (b == NULL) return NULL;
+    bit = PyNumber_Lshift(k_one, b);
+    Py_DECREF(b);
+    if (bit == NULL) return NULL;
+    merged = PyNumber_Or(gbits, bit);
+    Py_DECREF(bit);
+    if (merged == NULL) return NULL;
+    slot_set(d, off_l[L_STALE], k_zero);
+    SLOT(d, off_l[L_GBITS]) = merged;
+    Py_DECREF(gbits);
+    return Py_NewRef(k_ok);
+}
+
+/* forecast_observe(forecaster, step_index, input_tokens) -> True | None: Forecaster.observe()
+ * of an exact int step_index >= 1 and exact int input_tokens >= 0 (None: the method, which
+ * raises, handles anything else). */
+static PyObject *sp_forecast_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *f, *idx, *tok, *x = NULL, *xx = NULL, *xy = NULL, *last, *one_less;
+    int gt, i;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "forecast_observe() takes 3 arguments");
+        return NULL;
+    }
+    f = args[0], idx = args[1], tok = args[2];
+    if (k_forecaster == NULL || !Py_IS_TYPE(f, k_forecaster) || !PyLong_CheckExact(idx) ||
+        !plain_count(tok) || PyObject_RichCompareBool(idx, k_one, Py_GE) != 1)
+        Py_RETURN_NONE;
+    for (i = 0; i < NF; i++)
+        if (SLOT(f, off_f[i]) == NULL) Py_RETURN_NONE;
+    one_less = PyNumber_Subtract(idx, k_one);
+    if (one_less == NULL) return NULL;
+    x = PyNumber_Float(one_less);
+    Py_DECREF(one_less);
+    if (x == NULL) return NULL;
+    if (slot_add(f, off_f[F_N], k_one) < 0 || slot_add(f, off_f[F_SX], x) < 0 ||
+        slot_add(f, off_f[F_SY], tok) < 0 || (xx = PyNumber_Multiply(x, x)) == NULL ||
+        slot_add(f, off_f[F_SXX], xx) < 0 || (xy = PyNumber_Multiply(x, tok)) == NULL ||
+        slot_add(f, off_f[F_SXY], xy) < 0) {
+        Py_XDECREF(xx);
+        Py_XDECREF(xy);
+        Py_DECREF(x);
+        return NULL;
+    }
+    Py_DECREF(xx);
+    Py_DECREF(xy);
+    Py_DECREF(x);
+    last = SLOT(f, off_f[F_LAST]);
+    gt = PyObject_RichCompareBool(idx, last, Py_GT); /* max(last, idx) keeps last on a tie */
+    if (gt < 0) return NULL;
+    if (gt) slot_set(f, off_f[F_LAST], idx);
+    Py_RETURN_TRUE;
+}
+
 /* sha256(data: bytes) -> bytes: the plain digest (lets tests check the implementation). */
 static PyObject *sp_sha256(PyObject *self, PyObject *arg) {
     sha_ctx c;
@@ -501,6 +868,18 @@ static PyMethodDef methods[] = {
     {"observe", (PyCFunction)(void (*)(void))sp_observe, METH_FASTCALL,
      "observe(acts, res, slot, action, result, need_a, need_r) -> quiet, or None"},
     {"sha256", sp_sha256, METH_O, "sha256(data) -> digest"},
+    {"bind", (PyCFunction)(void (*)(void))sp_bind, METH_FASTCALL,
+     "bind(Budget, Usage, LoopDetector, Forecaster, ok) -> None: the record kernels' classes"},
+    {"budget_step", (PyCFunction)(void (*)(void))sp_budget_step, METH_FASTCALL,
+     "budget_step(budget, also) -> seq, or None (use Budget.record_step)"},
+    {"budget_model_call", (PyCFunction)(void (*)(void))sp_budget_model_call, METH_FASTCALL,
+     "budget_model_call(budget, also, in, out, reasoning, cached, cost) -> seq, or None"},
+    {"loop_observe", (PyCFunction)(void (*)(void))sp_loop_observe, METH_FASTCALL,
+     "loop_observe(detector, action, result) -> quiet, or None"},
+    {"loop_end_step", (PyCFunction)(void (*)(void))sp_loop_end_step, METH_FASTCALL,
+     "loop_end_step(detector, state, progress) -> verdict, or None"},
+    {"forecast_observe", (PyCFunction)(void (*)(void))sp_forecast_observe, METH_FASTCALL,
+     "forecast_observe(forecaster, step_index, input_tokens) -> True, or None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,

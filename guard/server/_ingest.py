@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Phase, Reason, Status, Usage
 from guard.server._decisions import _forecast_due
+from guard.server._nativeapply import applier
 from guard.server._schema import (
     ACTION_FP,
     AGENT,
@@ -87,24 +88,62 @@ class SpanApplier:
     the runs, the tenants' budgets and the decision routing through its :class:`SpanHost`.
     """
 
-    def __init__(self, registry: SpanHost) -> None:
+    def __init__(self, registry: SpanHost, *, native: bool = True) -> None:
         self.registry = registry
+        # The native loop (_nativeapply) when built and on; ``native=False``: this Python
+        # loop alone (the reference the native one is tested against).
+        self.native = native
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
         """Apply one request's observations. Returns (rejected spans, first error texts)."""
         reg = self.registry
         stats = reg.stats
         stats["spans"] += decoded.spans
-        stats["observations"] += len(decoded.observations)
-        rejected = decoded.rejected
+        obs = decoded.observations
+        n = len(obs)
+        stats["observations"] += n
+        touched: dict[RunState, Touched] = {}  # run -> what this request did to it
+        spent: dict[str, Usage] = {}  # tenant -> summed usage
         errors = decoded.errors
+        native = applier() if self.native else None
+        if native is None:
+            rejected = self._apply(obs, 0, n, touched, spent, principal, decoded.rejected, errors)
+        else:
+            # The native loop applies what it answers for and stops at the first span it
+            # does not; this loop applies that one (or, after a span the native loop could
+            # not start with, a few more, doubling: a request of foreign spans stays cheap).
+            rejected, i, take, runs, scope = decoded.rejected, 0, 1, reg.runs, principal.tenant
+            while True:
+                j = native(obs, i, touched, spent, runs, scope)
+                if j >= n:
+                    break
+                take = 1 if j > i else min(2 * take, 64)
+                i = min(j + take, n)
+                rejected = self._apply(obs, j, i, touched, spent, principal, rejected, errors)
+        _flush(touched, spent)
+        stats["rejected_spans"] += rejected - decoded.rejected
+        self.conclude(touched, spent)
+        return rejected, errors
+
+    def _apply(
+        self,
+        observations: list[Observation],
+        lo: int,
+        hi: int,
+        touched: dict[RunState, Touched],
+        spent: dict[str, Usage],
+        principal: Principal,
+        rejected: int,
+        errors: list[str],
+    ) -> int:
+        """The loop: apply ``observations[lo:hi]``; returns ``rejected`` plus the spans it
+        refused (their first error texts are added to ``errors``)."""
+        reg = self.registry
+        stats = reg.stats
         runs_get = reg.runs.get
         trace_get = reg.by_trace.get
         scope = principal.tenant
         cost_of = reg.config.prices.cost_usd
-        # run -> what this request did to it (Touched); tenant -> summed usage
-        touched: dict[RunState, Touched] = {}
-        spent: dict[str, Usage] = {}
         last_id: str | None = None  # consecutive spans mostly belong to the same run
         run: Any = None
         # The run whose tenant check passed last, with its tenant's usage and its touched
@@ -112,7 +151,7 @@ class SpanApplier:
         cur: Any = None
         usage: Any = None
         entry: Touched | None = None
-        for o in decoded.observations:
+        for o in observations if lo == 0 and hi == len(observations) else observations[lo:hi]:
             run_id = o[RUN_ID]
             if run_id and run_id == last_id:
                 pass
@@ -263,10 +302,7 @@ class SpanApplier:
                 entry.verdict is None or verdict.level.rank > entry.verdict.level.rank
             ):
                 entry.verdict = verdict
-        _flush(touched, spent)
-        stats["rejected_spans"] += rejected - decoded.rejected
-        self.conclude(touched, spent)
-        return rejected, errors
+        return rejected
 
     def conclude(self, touched: dict[RunState, Touched], spent: dict[str, Usage]) -> None:
         """The end of a request: add each tenant's summed usage to its windows once, then
