@@ -62,7 +62,7 @@ tool_spec = st.fixed_dictionaries(
     {
         "kind": st.just(s.KIND_TOOL),
         "fp": st.sampled_from(FPS),
-        "result": st.sampled_from(FPS[:3] + [None, "", "short"]),
+        "result": st.sampled_from([*FPS[:3], None, "", "short"]),
         "attempts": st.sampled_from([None, 0, 1, 1, 2, 5]),
         "name": st.sampled_from(["search", "", None]),
     }
