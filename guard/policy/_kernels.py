@@ -8,6 +8,8 @@ Each kernel does what one method does, on that method's own object, and returns 
 ``budget_step(budget, also)``               ``budget.record_step()``; ``also.steps += 1``
 ``budget_model_call(budget, also, i, o,     ``budget.record_model_call(...)`` of plain counts
 r, c, cost)``                               and cost; the same usage added to ``also``
+``budget_tool_calls(budget, also, n, a)``   ``budget.record_tool_calls(n, attempts=a)``; the
+                                            same calls added to ``also``
 ``loop_observe(detector, action, result)``  ``detector.observe_action()``'s first half: True
                                             = CONTINUE, False = finish with ``judge_last()``
 ``loop_end_step(detector, state, prog.)``   ``detector.end_step()`` of a silent step or one
@@ -22,32 +24,47 @@ each to its method.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from guard.policy._budget import Budget
 from guard.policy._fingerprint import _BUILT, native_module
 from guard.policy._forecast import Forecaster
-from guard.policy._loops import _OK, LoopDetector
+from guard.policy._loops import _OK, LoopDetector, LoopVerdict
 from guard.policy._types import Usage
 
-__all__ = ["record_kernels"]
+__all__ = ["CONTINUE_VERDICT", "RecordKernels", "record_kernels"]
 
-_KERNELS: tuple[Any, ...] | None = None
+
+class RecordKernels(NamedTuple):
+    """The kernels (see the module's table), in the order the native applier takes them."""
+
+    budget_step: Any
+    budget_model_call: Any
+    budget_tool_calls: Any
+    loop_observe: Any
+    loop_end_step: Any
+    forecast_observe: Any
+
+
+_KERNELS: RecordKernels | None = None
 if _BUILT is not None and hasattr(_BUILT, "bind"):
     _BUILT.bind(Budget, Usage, LoopDetector, Forecaster, _OK)
-    _KERNELS = (
+    _KERNELS = RecordKernels(
         _BUILT.budget_step,
         _BUILT.budget_model_call,
+        _BUILT.budget_tool_calls,
         _BUILT.loop_observe,
         _BUILT.loop_end_step,
         _BUILT.forecast_observe,
     )
 
+#: The verdict ``loop_observe`` means by True and ``loop_end_step`` returns for a quiet step.
+CONTINUE_VERDICT: LoopVerdict = _OK
 
-def record_kernels() -> tuple[Any, ...] | None:
-    """``(budget_step, budget_model_call, loop_observe, loop_end_step, forecast_observe)``
-    and the CONTINUE verdict they return, or ``None`` when the native paths are not built or
-    are turned off (:func:`~guard.policy.use_native`)."""
+
+def record_kernels() -> RecordKernels | None:
+    """The kernels, or ``None`` when the native paths are not built or are turned off
+    (:func:`~guard.policy.use_native`)."""
     if _KERNELS is None or native_module() is None:
         return None
-    return (*_KERNELS, _OK)
+    return _KERNELS

@@ -491,7 +491,7 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
  * tests/policy/test_policy_kernels.py holds each kernel to its method. */
 
 enum { B_USAGES, B_SEQ, B_LOCK, NB };
-enum { U_STEPS, U_MODEL_CALLS, U_IN, U_OUT, U_REASONING, U_CACHED, U_COST, NU };
+enum { U_STEPS, U_MODEL_CALLS, U_IN, U_OUT, U_REASONING, U_CACHED, U_COST, U_TOOLS, U_ATTEMPTS, NU };
 enum { L_ACTS, L_RES, L_N, L_SETTINGS, L_STALE, L_GBITS, L_GOFF, NL };
 enum { F_N, F_SX, F_SY, F_SXX, F_SXY, F_LAST, NF };
 static PyTypeObject *k_budget, *k_usage, *k_loop, *k_forecaster;
@@ -529,7 +529,7 @@ static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     static const char *const nb[] = {"_usages", "_seq", "_lock"};
     static const char *const nu[] = {"steps",         "model_calls",      "input_tokens",
                                      "output_tokens", "reasoning_tokens", "cached_tokens",
-                                     "cost_usd"};
+                                     "cost_usd",      "tool_calls",       "tool_attempts"};
     static const char *const nl[] = {"_acts", "_res", "_n", "settings", "_stale", "_gbits", "_goff"};
     static const char *const nf[] = {"_n", "_sx", "_sy", "_sxx", "_sxy", "_last"};
     if (nargs != 5) {
@@ -681,6 +681,34 @@ static PyObject *sp_budget_model_call(PyObject *self, PyObject *const *args, Py_
     return Py_NewRef(SLOT(b, off_b[B_SEQ]));
 }
 
+/* budget_tool_calls(budget, also, n, attempts) -> seq | None:
+ * Budget.record_tool_calls(n, attempts=attempts) of exact ints >= 0 and no cost, then
+ * also.tool_calls += n and also.tool_attempts += attempts. */
+static PyObject *sp_budget_tool_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *usages, *b, *u;
+    Py_ssize_t i;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "budget_tool_calls() takes 4 arguments");
+        return NULL;
+    }
+    if (!plain_count(args[2]) || !plain_count(args[3])) Py_RETURN_NONE;
+    b = args[0];
+    usages = usages_of(b, args[1]);
+    if (usages == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++) {
+        u = PyTuple_GET_ITEM(usages, i);
+        if (slot_add(u, off_u[U_TOOLS], args[2]) < 0 || slot_add(u, off_u[U_ATTEMPTS], args[3]) < 0)
+            return NULL;
+    }
+    if (slot_add(b, off_b[B_SEQ], k_one) < 0 || slot_add(args[1], off_u[U_TOOLS], args[2]) < 0 ||
+        slot_add(args[1], off_u[U_ATTEMPTS], args[3]) < 0)
+        return NULL;
+    return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
 /* The detector's rings and window when it is exactly a bound LoopDetector whose rings match
  * its settings (else 0: the Python method handles it). */
 static int loop_rings(PyObject *d, Py_buffer *va, Py_buffer *vr, Py_ssize_t *w, Py_ssize_t *k) {
@@ -805,41 +833,56 @@ static PyObject *sp_loop_end_step(PyObject *self, PyObject *const *args, Py_ssiz
 
 /* forecast_observe(forecaster, step_index, input_tokens) -> True | None: Forecaster.observe()
  * of an exact int step_index >= 1 and exact int input_tokens >= 0 (None: the method, which
- * raises, handles anything else). */
+ * raises, handles anything else). The sums are Python floats: float + int converts the int
+ * as PyLong_AsDouble does, so the doubles here are the ones Python computes (no fused
+ * multiply-add: each product is stored before it is added). */
 static PyObject *sp_forecast_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *f, *idx, *tok, *x = NULL, *xx = NULL, *xy = NULL, *last, *one_less;
-    int gt, i;
+    PyObject *f, *idx, *tok, *v[NF], *nv[NF];
+    volatile double x, t, xx, xy; /* volatile: rounded to double at each step, as in Python */
+    long long ix;
+    int i, over;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "forecast_observe() takes 3 arguments");
         return NULL;
     }
     f = args[0], idx = args[1], tok = args[2];
     if (k_forecaster == NULL || !Py_IS_TYPE(f, k_forecaster) || !PyLong_CheckExact(idx) ||
-        !plain_count(tok) || PyObject_RichCompareBool(idx, k_one, Py_GE) != 1)
+        !plain_count(tok))
         Py_RETURN_NONE;
-    for (i = 0; i < NF; i++)
-        if (SLOT(f, off_f[i]) == NULL) Py_RETURN_NONE;
-    one_less = PyNumber_Subtract(idx, k_one);
-    if (one_less == NULL) return NULL;
-    x = PyNumber_Float(one_less);
-    Py_DECREF(one_less);
-    if (x == NULL) return NULL;
-    if (slot_add(f, off_f[F_N], k_one) < 0 || slot_add(f, off_f[F_SX], x) < 0 ||
-        slot_add(f, off_f[F_SY], tok) < 0 || (xx = PyNumber_Multiply(x, x)) == NULL ||
-        slot_add(f, off_f[F_SXX], xx) < 0 || (xy = PyNumber_Multiply(x, tok)) == NULL ||
-        slot_add(f, off_f[F_SXY], xy) < 0) {
-        Py_XDECREF(xx);
-        Py_XDECREF(xy);
-        Py_DECREF(x);
+    ix = PyLong_AsLongLongAndOverflow(idx, &over);
+    if (over || ix < 1 || ix > (1LL << 53)) Py_RETURN_NONE; /* float(ix - 1) is exact below */
+    for (i = 0; i < NF; i++) {
+        v[i] = SLOT(f, off_f[i]);
+        if (v[i] == NULL) Py_RETURN_NONE;
+    }
+    if (!PyLong_CheckExact(v[F_N]) || !PyLong_CheckExact(v[F_LAST]) ||
+        !PyFloat_CheckExact(v[F_SX]) || !PyFloat_CheckExact(v[F_SY]) ||
+        !PyFloat_CheckExact(v[F_SXX]) || !PyFloat_CheckExact(v[F_SXY]))
+        Py_RETURN_NONE;
+    t = PyLong_AsDouble(tok);
+    if (t == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+        PyErr_Clear(); /* Python raises OverflowError there too: the method's to answer */
+        Py_RETURN_NONE;
+    }
+    x = (double)(ix - 1);
+    xx = x * x;
+    xy = x * t;
+    nv[F_N] = PyNumber_Add(v[F_N], k_one);
+    nv[F_SX] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SX]) + x);
+    nv[F_SY] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SY]) + t);
+    nv[F_SXX] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SXX]) + xx);
+    nv[F_SXY] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SXY]) + xy);
+    over = PyObject_RichCompareBool(idx, v[F_LAST], Py_GT); /* max(last, idx) keeps last */
+    nv[F_LAST] = over > 0 ? Py_NewRef(idx) : Py_NewRef(v[F_LAST]);
+    if (over < 0 || !nv[F_N] || !nv[F_SX] || !nv[F_SY] || !nv[F_SXX] || !nv[F_SXY]) {
+        for (i = 0; i < NF; i++) Py_XDECREF(nv[i]);
         return NULL;
     }
-    Py_DECREF(xx);
-    Py_DECREF(xy);
-    Py_DECREF(x);
-    last = SLOT(f, off_f[F_LAST]);
-    gt = PyObject_RichCompareBool(idx, last, Py_GT); /* max(last, idx) keeps last on a tie */
-    if (gt < 0) return NULL;
-    if (gt) slot_set(f, off_f[F_LAST], idx);
+    for (i = 0; i < NF; i++) {
+        SLOT(f, off_f[i]) = nv[i];
+        Py_DECREF(v[i]);
+    }
     Py_RETURN_TRUE;
 }
 
@@ -874,6 +917,8 @@ static PyMethodDef methods[] = {
      "budget_step(budget, also) -> seq, or None (use Budget.record_step)"},
     {"budget_model_call", (PyCFunction)(void (*)(void))sp_budget_model_call, METH_FASTCALL,
      "budget_model_call(budget, also, in, out, reasoning, cached, cost) -> seq, or None"},
+    {"budget_tool_calls", (PyCFunction)(void (*)(void))sp_budget_tool_calls, METH_FASTCALL,
+     "budget_tool_calls(budget, also, n, attempts) -> seq, or None"},
     {"loop_observe", (PyCFunction)(void (*)(void))sp_loop_observe, METH_FASTCALL,
      "loop_observe(detector, action, result) -> quiet, or None"},
     {"loop_end_step", (PyCFunction)(void (*)(void))sp_loop_end_step, METH_FASTCALL,

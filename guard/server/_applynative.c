@@ -12,8 +12,10 @@
  *   - a tool call with a canonical fingerprint (or none) that the detector's kernel takes;
  *   - a step span with a step index, whose budget the kernel takes;
  *   - a model call of ours (not foreign, no response id, in a run that never saw either),
- *     priced on the span or without a model, with counts and cost the kernel takes.
- * Everything else (foreign spans, response ids, run spans, unknown or ended runs, other
+ *     priced on the span or without a model, with counts and cost the kernel takes;
+ *   - the run span of a run whose agent's control stream is up (it only flushes the
+ *     request's tool calls into the budgets: the agent's RunEnded is the record).
+ * Everything else (foreign spans, response ids, other run spans, unknown or ended runs, other
  * tenants' runs, numbered spans of re-registered runs, refusals and their error texts) is
  * the Python loop's. tests/server/test_applier_native.py holds the two equal by hypothesis.
  *
@@ -27,13 +29,16 @@
 enum {
     R_TENANT, R_SEQ_GATE, R_SEEN, R_BUDGET, R_LOOP, R_FORECASTER, R_STEP_TOOLS, R_LAST_TOOL,
     R_LAST_ACTION, R_STEP_INPUT, R_STEP_TOKENS, R_TOKENS_USED, R_STEP_COST, R_COST_USED,
-    R_MODEL, R_LAST_STEP_TOKENS, R_LAST_STEP_COST, R_LAST_STEP, NR
+    R_MODEL, R_LAST_STEP_TOKENS, R_LAST_STEP_COST, R_LAST_STEP, R_SESSION, R_DETACHED_AT, NR
 };
 static const char *const run_slots[NR] = {
     "tenant", "seq_gate", "seen", "budget", "loop", "forecaster", "step_tools", "last_tool",
     "last_action_hash", "step_input_tokens", "step_tokens", "tokens_used", "step_cost",
-    "cost_used", "model", "last_step_tokens", "last_step_cost", "last_step"};
+    "cost_used", "model", "last_step_tokens", "last_step_cost", "last_step", "session",
+    "detached_at"};
 enum { T_PHASE, T_VERDICT, T_TOOLS, T_ATTEMPTS, NT };
+enum { U_TOOLS, U_ATTEMPTS, NU }; /* the tenant usage's fields flush() adds to */
+static const char *const usage_slots[NU] = {"tool_calls", "tool_attempts"};
 static const char *const touched_slots[NT] = {"phase", "verdict", "tools", "attempts"};
 /* observation slots, in configure()'s order */
 enum {
@@ -41,13 +46,17 @@ enum {
     O_FOREIGN, O_ACTION_FP, O_RESULT_HASH, O_ATTEMPTS, O_TOOL_NAME, O_STEP_INDEX, O_PROGRESS,
     O_STATE_HASH, NO
 };
-enum { K_BUDGET_STEP, K_BUDGET_MODEL_CALL, K_LOOP_OBSERVE, K_LOOP_END_STEP, K_FORECAST, NK };
+enum {
+    K_BUDGET_STEP, K_BUDGET_MODEL_CALL, K_BUDGET_TOOL_CALLS, K_LOOP_OBSERVE, K_LOOP_END_STEP,
+    K_FORECAST, NK
+};
 
 static PyTypeObject *run_type, *touched_type, *usage_type;
-static Py_ssize_t off_r[NR], off_tc[NT], obs_slot[NO], nslots;
-static long kind_tool, kind_step, kind_model;
+static Py_ssize_t off_r[NR], off_tc[NT], off_u[NU], obs_slot[NO], nslots;
+static long kind_tool, kind_step, kind_model, kind_run;
 static PyObject *after_model, *after_tools, *before_step, *ok_verdict, *kernels[NK];
-static PyObject *k_one, *k_zero, *k_zero_f, *s_judge_last, *s_end_step, *s_observe, *s_level, *s_rank,
+static PyObject *k_one, *k_zero, *k_zero_f, *s_judge_last, *s_end_step, *s_observe, *s_record_tools,
+    *attempts_kwnames, *s_level, *s_rank,
     *end_step_kwnames;
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
@@ -66,14 +75,14 @@ static int member_offset(PyObject *type, const char *name, Py_ssize_t *off) {
 }
 
 /* configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok_verdict)
- * slots: the observation's slot indexes in the O_* order; kinds: (tool, step, model);
+ * slots: the observation's slot indexes in the O_* order; kinds: (tool, step, model, run);
  * phases: (after model call, after tool batch, before step); kernels: the policy's
  * (budget_step, budget_model_call, loop_observe, loop_end_step, forecast_observe). */
 static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t i;
     if (nargs != 9 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
         !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != NO || !PyTuple_Check(args[5]) ||
-        PyTuple_GET_SIZE(args[5]) != 3 || !PyTuple_Check(args[6]) ||
+        PyTuple_GET_SIZE(args[5]) != 4 || !PyTuple_Check(args[6]) ||
         PyTuple_GET_SIZE(args[6]) != 3 || !PyTuple_Check(args[7]) ||
         PyTuple_GET_SIZE(args[7]) != NK) {
         PyErr_SetString(PyExc_TypeError, "configure(): bad arguments");
@@ -83,6 +92,8 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (member_offset(args[0], run_slots[i], &off_r[i]) < 0) return NULL;
     for (i = 0; i < NT; i++)
         if (member_offset(args[1], touched_slots[i], &off_tc[i]) < 0) return NULL;
+    for (i = 0; i < NU; i++)
+        if (member_offset(args[2], usage_slots[i], &off_u[i]) < 0) return NULL;
     nslots = PyLong_AsSsize_t(args[4]);
     for (i = 0; i < NO; i++) {
         obs_slot[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i));
@@ -94,6 +105,7 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
     kind_tool = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 0));
     kind_step = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 1));
     kind_model = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 2));
+    kind_run = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 3));
     if (PyErr_Occurred()) return NULL;
     if (k_one == NULL) {
         k_one = PyLong_FromLong(1);
@@ -102,10 +114,12 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
         s_judge_last = PyUnicode_InternFromString("judge_last");
         s_end_step = PyUnicode_InternFromString("end_step");
         s_observe = PyUnicode_InternFromString("observe");
+        s_record_tools = PyUnicode_InternFromString("record_tool_calls");
+        attempts_kwnames = Py_BuildValue("(s)", "attempts");
         s_level = PyUnicode_InternFromString("level");
         s_rank = PyUnicode_InternFromString("rank");
         end_step_kwnames = Py_BuildValue("(sss)", "state", "progress", "acted");
-        if (!k_one || !k_zero || !k_zero_f || !s_judge_last || !s_end_step || !s_observe || !s_level ||
+        if (!k_one || !k_zero || !k_zero_f || !s_judge_last || !s_end_step || !s_observe || !s_record_tools || !attempts_kwnames || !s_level ||
             !s_rank || !end_step_kwnames)
             return NULL;
     }
@@ -170,11 +184,14 @@ static long rank_of(PyObject *verdict) {
  * none (0), else the phase set and the verdict kept when stronger (1); -1 on error. */
 static int touch(PyObject *touched, PyObject *run, PyObject **entry, PyObject *phase,
                  PyObject *verdict, PyObject *tools, PyObject *attempts) {
-    PyObject *args[4], *e;
-    if (*entry == NULL) {
-        args[0] = phase, args[1] = verdict, args[2] = tools, args[3] = attempts;
-        e = PyObject_Vectorcall((PyObject *)touched_type, args, 4, NULL);
+    PyObject *e;
+    if (*entry == NULL) { /* Touched(phase, verdict, tools, attempts): its __init__ only sets */
+        e = touched_type->tp_alloc(touched_type, 0);
         if (e == NULL) return -1;
+        SLOT(e, off_tc[T_PHASE]) = Py_NewRef(phase);
+        SLOT(e, off_tc[T_VERDICT]) = Py_NewRef(verdict);
+        SLOT(e, off_tc[T_TOOLS]) = Py_NewRef(tools);
+        SLOT(e, off_tc[T_ATTEMPTS]) = Py_NewRef(attempts);
         if (PyDict_SetItem(touched, run, e) < 0) {
             Py_DECREF(e);
             return -1;
@@ -338,6 +355,65 @@ static int model_span(PyObject *o, PyObject *run, PyObject *usage, PyObject *tou
     return touch(touched, run, entry, after_model, Py_None, k_zero, k_zero) < 0 ? -1 : 1;
 }
 
+/* _spanhost.flush(): each run's tool calls counted in `touched` recorded in its budget (one
+ * record per run) and added to its tenant's usage in `spent`. 0, or -1 with an exception. */
+static int flush(PyObject *touched, PyObject *spent) {
+    PyObject *run, *e, *n, *attempts, *usage, *budget, *r, *args[4];
+    Py_ssize_t pos = 0;
+    int t;
+    while (PyDict_Next(touched, &pos, &run, &e)) {
+        if (!Py_IS_TYPE(e, touched_type) || !Py_IS_TYPE(run, run_type)) {
+            PyErr_SetString(PyExc_TypeError, "flush(): not a Touched of a RunState");
+            return -1;
+        }
+        n = SLOT(e, off_tc[T_TOOLS]);
+        attempts = SLOT(e, off_tc[T_ATTEMPTS]);
+        budget = SLOT(run, off_r[R_BUDGET]);
+        if (n == NULL || attempts == NULL || budget == NULL || SLOT(run, off_r[R_TENANT]) == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "flush(): slot not set");
+            return -1;
+        }
+        t = PyObject_IsTrue(n);
+        if (t < 0) return -1;
+        if (!t) continue;
+        usage = PyDict_GetItemWithError(spent, SLOT(run, off_r[R_TENANT]));
+        if (usage == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, SLOT(run, off_r[R_TENANT]));
+            return -1;
+        }
+        args[0] = budget, args[1] = usage, args[2] = n, args[3] = attempts;
+        t = kernel(K_BUDGET_TOOL_CALLS, args, 4, &r);
+        if (t < 0) return -1;
+        if (t == 0) { /* the method, then the tenant's usage, as _spanhost.flush() does */
+            args[0] = budget, args[1] = n, args[2] = attempts;
+            r = PyObject_VectorcallMethod(s_record_tools, args, 2, attempts_kwnames);
+            if (r == NULL) return -1;
+            if (slot_add(usage, off_u[U_TOOLS], n) < 0 || slot_add(usage, off_u[U_ATTEMPTS], attempts) < 0) {
+                Py_DECREF(r);
+                return -1;
+            }
+        }
+        Py_DECREF(r);
+        slot_set(e, off_tc[T_TOOLS], k_zero);
+        slot_set(e, off_tc[T_ATTEMPTS], k_zero);
+    }
+    return 0;
+}
+
+/* flush(touched, spent) -> None (see flush() above) */
+static PyObject *sn_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "flush(dict, dict)");
+        return NULL;
+    }
+    if (run_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "flush() before configure()");
+        return NULL;
+    }
+    if (flush(args[0], args[1]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* apply(observations, start, touched, spent, runs, scope) -> the index of the first span
  * not applied (len(observations) when all were). */
 static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -406,7 +482,15 @@ static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (k == kind_tool) rc = tool_span(o, run, touched, &entry);
         else if (k == kind_step) rc = step_span(o, run, usage, touched, &entry);
         else if (k == kind_model) rc = model_span(o, run, usage, touched, &entry);
-        else rc = 0;
+        else if (k == kind_run && SLOT(run, off_r[R_SESSION]) != NULL &&
+                 SLOT(run, off_r[R_SESSION]) != Py_None &&
+                 SLOT(run, off_r[R_DETACHED_AT]) == Py_None) {
+            /* the run span of a run whose agent's stream is up: its RunEnded is the record,
+             * so the span only completes the budgets (_ingest._run_span) */
+            if (flush(touched, spent) < 0) return NULL;
+            cur = last_id = NULL;
+            continue;
+        } else rc = 0;
         if (rc < 0) return NULL;
         if (rc == 0) break;
     }
@@ -416,6 +500,8 @@ static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))sn_configure, METH_FASTCALL,
      "configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok)"},
+    {"flush", (PyCFunction)(void (*)(void))sn_flush, METH_FASTCALL,
+     "flush(touched, spent) -> None: the tool calls counted in touched, into the budgets"},
     {"apply", (PyCFunction)(void (*)(void))sn_apply, METH_FASTCALL,
      "apply(observations, start, touched, spent, runs, scope) -> first index not applied"},
     {NULL, NULL, 0, NULL}};

@@ -113,14 +113,15 @@ class SpanApplier:
             # does not; this loop applies that one (or, after a span the native loop could
             # not start with, a few more, doubling: a request of foreign spans stays cheap).
             rejected, i, take, runs, scope = decoded.rejected, 0, 1, reg.runs, principal.tenant
+            apply = native.apply
             while True:
-                j = native(obs, i, touched, spent, runs, scope)
+                j = apply(obs, i, touched, spent, runs, scope)
                 if j >= n:
                     break
                 take = 1 if j > i else min(2 * take, 64)
                 i = min(j + take, n)
                 rejected = self._apply(obs, j, i, touched, spent, principal, rejected, errors)
-        _flush(touched, spent)
+        (_flush if native is None else native.flush)(touched, spent)
         stats["rejected_spans"] += rejected - decoded.rejected
         self.conclude(touched, spent)
         return rejected, errors

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guard.policy import Budget, Forecaster, Limits, LoopDetector, LoopSettings, Usage
-from guard.policy._kernels import record_kernels
+from guard.policy._kernels import CONTINUE_VERDICT, record_kernels
 
 KERNELS = record_kernels()
 pytestmark = pytest.mark.skipif(KERNELS is None, reason="native paths not built")
@@ -59,12 +59,13 @@ def _twins(depth: int) -> tuple[tuple[Budget, Usage], tuple[Budget, Usage]]:
         st.one_of(
             st.tuples(st.just("step")),
             st.tuples(st.just("model"), COUNT, COUNT, COUNT, COUNT, COST),
+            st.tuples(st.just("tools"), COUNT, COUNT),
         ),
         max_size=30,
     ),
 )
 def test_budget_kernels_match_the_methods(depth: int, ops: list[tuple[Any, ...]]) -> None:
-    budget_step, budget_model_call = KERNELS[0], KERNELS[1]
+    budget_step, budget_model_call = KERNELS.budget_step, KERNELS.budget_model_call
     (kb, ku), (mb, mu) = _twins(depth)
     for op in ops:
         before = _budget_state(kb, ku)
@@ -73,6 +74,24 @@ def test_budget_kernels_match_the_methods(depth: int, ops: list[tuple[Any, ...]]
             assert got is not None
             assert got == mb.record_step()
             mu.steps += 1
+            continue
+        if op[0] == "tools":
+            n, attempts = op[1:]
+            got = KERNELS.budget_tool_calls(kb, ku, n, attempts)
+            try:
+                want = mb.record_tool_calls(n, attempts=attempts)
+            except ValueError:
+                assert got is None and _budget_state(kb, ku) == before
+                continue
+            if got is None:
+                assert _budget_state(kb, ku) == before
+                got = kb.record_tool_calls(n, attempts=attempts)
+                ku.tool_calls += n
+                ku.tool_attempts += attempts
+            assert got == want
+            mu.tool_calls += n
+            mu.tool_attempts += attempts
+            assert _budget_state(kb, ku) == _budget_state(mb, mu)
             continue
         inp, out, reasoning, cached, cost = op[1:]
         got = budget_model_call(kb, ku, inp, out, reasoning, cached, cost)
@@ -105,7 +124,7 @@ def test_budget_kernels_match_the_methods(depth: int, ops: list[tuple[Any, ...]]
 
 
 def test_a_budget_whose_lock_is_held_is_left_to_the_method() -> None:
-    budget_step, budget_model_call = KERNELS[0], KERNELS[1]
+    budget_step, budget_model_call = KERNELS.budget_step, KERNELS.budget_model_call
     b, also = Budget(Limits()), Usage()
     held, release = threading.Event(), threading.Event()
 
@@ -151,7 +170,7 @@ RESULT = st.one_of(st.none(), FP)
     ),
 )
 def test_loop_kernels_match_the_methods(shape: tuple[int, int, int], ops: list[Any]) -> None:
-    loop_observe, loop_end_step, ok = KERNELS[2], KERNELS[3], KERNELS[5]
+    loop_observe, loop_end_step, ok = KERNELS.loop_observe, KERNELS.loop_end_step, CONTINUE_VERDICT
     w, k, p = shape
     cfg = LoopSettings(window=w, repeat_threshold=k, no_progress_steps=p)
     kd, md = LoopDetector(cfg), LoopDetector(cfg)
@@ -191,7 +210,7 @@ def test_loop_kernels_match_the_methods(shape: tuple[int, int, int], ops: list[A
     )
 )
 def test_forecast_kernel_matches_the_method(points: list[tuple[Any, Any]]) -> None:
-    forecast_observe = KERNELS[4]
+    forecast_observe = KERNELS.forecast_observe
     kf, mf = Forecaster(), Forecaster()
 
     def state(f: Forecaster) -> Any:
