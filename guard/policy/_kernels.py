@@ -10,6 +10,8 @@ Each kernel does what one method does, on that method's own object, and returns 
 r, c, cost)``                               and cost; the same usage added to ``also``
 ``budget_tool_calls(budget, also, n, a)``   ``budget.record_tool_calls(n, attempts=a)``; the
                                             same calls added to ``also``
+``budget_quiet(budget, rank)``               True: ``budget.escalation(above=...)`` without a
+                                            loop verdict is None for certain
 ``loop_observe(detector, action, result)``  ``detector.observe_action()``'s first half: True
                                             = CONTINUE, False = finish with ``judge_last()``
 ``loop_end_step(detector, state, prog.)``   ``detector.end_step()`` of a silent step or one
@@ -41,6 +43,7 @@ class RecordKernels(NamedTuple):
     budget_step: Any
     budget_model_call: Any
     budget_tool_calls: Any
+    budget_quiet: Any
     loop_observe: Any
     loop_end_step: Any
     forecast_observe: Any
@@ -53,6 +56,7 @@ if _BUILT is not None and hasattr(_BUILT, "bind"):
         _BUILT.budget_step,
         _BUILT.budget_model_call,
         _BUILT.budget_tool_calls,
+        _BUILT.budget_quiet,
         _BUILT.loop_observe,
         _BUILT.loop_end_step,
         _BUILT.forecast_observe,

@@ -490,13 +490,23 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
  * another thread, a count or cost the Python check would refuse, a step it does not cover).
  * tests/policy/test_policy_kernels.py holds each kernel to its method. */
 
-enum { B_USAGES, B_SEQ, B_LOCK, NB };
+enum {
+    B_USAGES, B_SEQ, B_LOCK, B_LIMITS, B_TRIG, B_USAGE, B_RESERVED, B_CLOCK, B_STARTED,
+    B_PAUSED_AT, B_PAUSED_TOTAL, NB
+};
 enum { U_STEPS, U_MODEL_CALLS, U_IN, U_OUT, U_REASONING, U_CACHED, U_COST, U_TOOLS, U_ATTEMPTS, NU };
 enum { L_ACTS, L_RES, L_N, L_SETTINGS, L_STALE, L_GBITS, L_GOFF, NL };
 enum { F_N, F_SX, F_SY, F_SXX, F_SXY, F_LAST, NF };
 static PyTypeObject *k_budget, *k_usage, *k_loop, *k_forecaster;
 static Py_ssize_t off_b[NB], off_u[NU], off_l[NL], off_f[NF];
 static PyObject *k_ok, *k_zero_f, *k_zero, *k_one, *s_locked, *s_window, *s_threshold;
+/* the trigger points' fields (Triggers, _escalation.py) and the limits' the check reads */
+enum { TR_LIMITS, TR_RANK, TR_STEPS, TR_MODEL_CALLS, TR_TOKENS, TR_TOKENS_RESERVE, TR_COST,
+       TR_TOOL_CALLS, TR_ELAPSED, TR_ELAPSED_RESERVE, NTR };
+static const char *const tr_names[NTR] = {"limits", "rank", "steps", "model_calls", "tokens",
+                                          "tokens_reserve", "cost_usd", "tool_calls",
+                                          "elapsed_s", "elapsed_reserve_s"};
+static PyObject *s_tr[NTR], *s_deadline, *s_freezes, *k_inf;
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
@@ -526,7 +536,9 @@ static int offsets(PyObject *type, const char *const *names, Py_ssize_t *out, in
 
 /* bind(Budget, Usage, LoopDetector, Forecaster, ok_verdict) */
 static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    static const char *const nb[] = {"_usages", "_seq", "_lock"};
+    static const char *const nb[] = {"_usages",   "_seq",   "_lock",    "_limits",
+                                     "_trig",     "_usage", "_reserved", "_clock",
+                                     "_started",  "_paused_at", "_paused_total"};
     static const char *const nu[] = {"steps",         "model_calls",      "input_tokens",
                                      "output_tokens", "reasoning_tokens", "cached_tokens",
                                      "cost_usd",      "tool_calls",       "tool_attempts"};
@@ -547,6 +559,12 @@ static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         s_window = PyUnicode_InternFromString("window");
         s_threshold = PyUnicode_InternFromString("repeat_threshold");
         if (!k_zero_f || !k_zero || !k_one || !s_locked || !s_window || !s_threshold) return NULL;
+        for (int i = 0; i < NTR; i++)
+            if ((s_tr[i] = PyUnicode_InternFromString(tr_names[i])) == NULL) return NULL;
+        s_deadline = PyUnicode_InternFromString("deadline_s");
+        s_freezes = PyUnicode_InternFromString("pause_freezes_deadline");
+        k_inf = PyFloat_FromDouble(Py_HUGE_VAL);
+        if (!s_deadline || !s_freezes || !k_inf) return NULL;
     }
     Py_XSETREF(k_budget, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(k_usage, (PyTypeObject *)Py_NewRef(args[1]));
@@ -707,6 +725,129 @@ static PyObject *sp_budget_tool_calls(PyObject *self, PyObject *const *args, Py_
         slot_add(args[1], off_u[U_ATTEMPTS], args[3]) < 0)
         return NULL;
     return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
+/* 1 when `a op b` (Python's comparison), 0 when not, -1 on error. */
+static int cmp(PyObject *a, PyObject *b, int op) { return PyObject_RichCompareBool(a, b, op); }
+
+/* Budget._elapsed_locked(): a new reference, or NULL. */
+static PyObject *elapsed_of(PyObject *b, PyObject *limits) {
+    PyObject *now, *freezes, *x, *paused, *y;
+    int f;
+    now = PyObject_CallNoArgs(SLOT(b, off_b[B_CLOCK]));
+    if (now == NULL) return NULL;
+    freezes = PyObject_GetAttr(limits, s_freezes);
+    f = freezes == NULL ? -1 : PyObject_IsTrue(freezes);
+    Py_XDECREF(freezes);
+    if (f < 0) goto fail;
+    x = PyNumber_Subtract(now, SLOT(b, off_b[B_STARTED]));
+    if (x == NULL) goto fail;
+    if (f) {
+        paused = Py_NewRef(SLOT(b, off_b[B_PAUSED_TOTAL]));
+        if (SLOT(b, off_b[B_PAUSED_AT]) != Py_None) {
+            PyObject *d = PyNumber_Subtract(now, SLOT(b, off_b[B_PAUSED_AT]));
+            y = d == NULL ? NULL : PyNumber_InPlaceAdd(paused, d);
+            Py_XDECREF(d);
+            Py_DECREF(paused);
+            paused = y;
+        }
+        y = paused == NULL ? NULL : PyNumber_Subtract(x, paused);
+        Py_XDECREF(paused);
+        Py_DECREF(x);
+        x = y;
+        if (x == NULL) goto fail;
+    }
+    Py_DECREF(now);
+    f = cmp(x, k_zero_f, Py_GT); /* max(0.0, x) */
+    if (f < 0) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    if (!f) Py_SETREF(x, Py_NewRef(k_zero_f));
+    return x;
+fail:
+    Py_DECREF(now);
+    return NULL;
+}
+
+/* The check of Escalations._quiet_locked(rank) with the budget's current trigger points:
+ * 1 quiet, 0 not (or not known here), -1 error. */
+static int quiet_of(PyObject *b, PyObject *rank) {
+    PyObject *limits = SLOT(b, off_b[B_LIMITS]), *t = SLOT(b, off_b[B_TRIG]), *tr[NTR];
+    PyObject *u = SLOT(b, off_b[B_USAGE]), *r = SLOT(b, off_b[B_RESERVED]), *tokens = NULL;
+    PyObject *deadline = NULL, *elapsed = NULL;
+    int i, rc = 0, c;
+    if (!limits || !t || !u || !r || !Py_IS_TYPE(u, k_usage) || !Py_IS_TYPE(r, k_usage))
+        return 0;
+    for (i = 0; i < NTR; i++) tr[i] = NULL;
+    for (i = 0; i < NTR; i++)
+        if ((tr[i] = PyObject_GetAttr(t, s_tr[i])) == NULL) goto done;
+    /* stale trigger points (other limits or rank): the method recomputes them */
+    if (tr[TR_LIMITS] != limits || (c = cmp(tr[TR_RANK], rank, Py_EQ)) <= 0) goto done;
+    tokens = PyNumber_Add(SLOT(u, off_u[U_IN]), SLOT(u, off_u[U_OUT]));
+    if (tokens == NULL) goto done;
+#define FIRES(x, y) ((c = cmp((x), (y), Py_GE)) != 0) /* true on error too */
+    if (FIRES(SLOT(u, off_u[U_STEPS]), tr[TR_STEPS]) ||
+        FIRES(SLOT(u, off_u[U_MODEL_CALLS]), tr[TR_MODEL_CALLS]) ||
+        FIRES(tokens, tr[TR_TOKENS]) || FIRES(SLOT(u, off_u[U_TOOLS]), tr[TR_TOOL_CALLS]))
+        goto done;
+    if ((c = cmp(tr[TR_TOKENS_RESERVE], k_inf, Py_NE)) != 0) {
+        PyObject *held;
+        if (c < 0) goto done;
+        held = PyNumber_Add(SLOT(r, off_u[U_IN]), SLOT(r, off_u[U_OUT]));
+        if (held == NULL) goto done;
+        Py_SETREF(held, PyNumber_Add(tokens, held));
+        if (held == NULL) goto done;
+        c = cmp(held, tr[TR_TOKENS_RESERVE], Py_GE);
+        Py_DECREF(held);
+        if (c != 0) goto done;
+    }
+    if (SLOT(u, off_u[U_COST]) != Py_None && FIRES(SLOT(u, off_u[U_COST]), tr[TR_COST])) goto done;
+    deadline = PyObject_GetAttr(limits, s_deadline);
+    if (deadline == NULL) goto done;
+    if (deadline == Py_None) { /* then the clock cannot make anything fire: not read */
+        rc = 1;
+        goto done;
+    }
+    elapsed = elapsed_of(b, limits);
+    if (elapsed == NULL) goto done;
+    if (FIRES(elapsed, tr[TR_ELAPSED]) || FIRES(elapsed, tr[TR_ELAPSED_RESERVE])) goto done;
+    rc = 1;
+#undef FIRES
+done:
+    for (i = 0; i < NTR; i++) Py_XDECREF(tr[i]);
+    Py_XDECREF(tokens);
+    Py_XDECREF(deadline);
+    Py_XDECREF(elapsed);
+    if (PyErr_Occurred()) return -1;
+    return rc;
+}
+
+/* budget_quiet(budget, rank) -> True | None: True when Budget.escalation(above=<the action of
+ * rank>) without a loop verdict is None for certain, by the check of _quiet_locked() on the
+ * budget's trigger points as they are; None when that needs the method (its lock held, its
+ * trigger points for other limits or another rank, a check that may fire). */
+static PyObject *sp_budget_quiet(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *b, *lock, *held;
+    int rc;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "budget_quiet() takes 2 arguments");
+        return NULL;
+    }
+    b = args[0];
+    if (k_budget == NULL || !Py_IS_TYPE(b, k_budget) || !PyLong_CheckExact(args[1]))
+        Py_RETURN_NONE;
+    for (rc = 0; rc < NB; rc++)
+        if (SLOT(b, off_b[rc]) == NULL) Py_RETURN_NONE;
+    lock = SLOT(b, off_b[B_LOCK]);
+    held = PyObject_CallMethodNoArgs(lock, s_locked);
+    if (held == NULL) return NULL;
+    Py_DECREF(held);
+    if (held != Py_False) Py_RETURN_NONE;
+    rc = quiet_of(b, args[1]);
+    if (rc < 0) return NULL;
+    if (rc) Py_RETURN_TRUE;
+    Py_RETURN_NONE;
 }
 
 /* The detector's rings and window when it is exactly a bound LoopDetector whose rings match
@@ -919,6 +1060,8 @@ static PyMethodDef methods[] = {
      "budget_model_call(budget, also, in, out, reasoning, cached, cost) -> seq, or None"},
     {"budget_tool_calls", (PyCFunction)(void (*)(void))sp_budget_tool_calls, METH_FASTCALL,
      "budget_tool_calls(budget, also, n, attempts) -> seq, or None"},
+    {"budget_quiet", (PyCFunction)(void (*)(void))sp_budget_quiet, METH_FASTCALL,
+     "budget_quiet(budget, rank) -> True, or None (use Budget.escalation)"},
     {"loop_observe", (PyCFunction)(void (*)(void))sp_loop_observe, METH_FASTCALL,
      "loop_observe(detector, action, result) -> quiet, or None"},
     {"loop_end_step", (PyCFunction)(void (*)(void))sp_loop_end_step, METH_FASTCALL,

@@ -29,13 +29,14 @@
 enum {
     R_TENANT, R_SEQ_GATE, R_SEEN, R_BUDGET, R_LOOP, R_FORECASTER, R_STEP_TOOLS, R_LAST_TOOL,
     R_LAST_ACTION, R_STEP_INPUT, R_STEP_TOKENS, R_TOKENS_USED, R_STEP_COST, R_COST_USED,
-    R_MODEL, R_LAST_STEP_TOKENS, R_LAST_STEP_COST, R_LAST_STEP, R_SESSION, R_DETACHED_AT, NR
+    R_MODEL, R_LAST_STEP_TOKENS, R_LAST_STEP_COST, R_LAST_STEP, R_SESSION, R_DETACHED_AT,
+    R_STOP_REASON, R_SOFT, R_PARENT, R_TOUCHED_AT, R_FORECAST_WARNED, NR
 };
 static const char *const run_slots[NR] = {
     "tenant", "seq_gate", "seen", "budget", "loop", "forecaster", "step_tools", "last_tool",
     "last_action_hash", "step_input_tokens", "step_tokens", "tokens_used", "step_cost",
     "cost_used", "model", "last_step_tokens", "last_step_cost", "last_step", "session",
-    "detached_at"};
+    "detached_at", "stop_reason", "soft", "parent", "touched_at", "forecast_warned"};
 enum { T_PHASE, T_VERDICT, T_TOOLS, T_ATTEMPTS, NT };
 enum { U_TOOLS, U_ATTEMPTS, NU }; /* the tenant usage's fields flush() adds to */
 static const char *const usage_slots[NU] = {"tool_calls", "tool_attempts"};
@@ -47,8 +48,8 @@ enum {
     O_STATE_HASH, NO
 };
 enum {
-    K_BUDGET_STEP, K_BUDGET_MODEL_CALL, K_BUDGET_TOOL_CALLS, K_LOOP_OBSERVE, K_LOOP_END_STEP,
-    K_FORECAST, NK
+    K_BUDGET_STEP, K_BUDGET_MODEL_CALL, K_BUDGET_TOOL_CALLS, K_BUDGET_QUIET, K_LOOP_OBSERVE,
+    K_LOOP_END_STEP, K_FORECAST, NK
 };
 
 static PyTypeObject *run_type, *touched_type, *usage_type;
@@ -56,7 +57,7 @@ static Py_ssize_t off_r[NR], off_tc[NT], off_u[NU], obs_slot[NO], nslots;
 static long kind_tool, kind_step, kind_model, kind_run;
 static PyObject *after_model, *after_tools, *before_step, *ok_verdict, *kernels[NK];
 static PyObject *k_one, *k_zero, *k_zero_f, *s_judge_last, *s_end_step, *s_observe, *s_record_tools,
-    *attempts_kwnames, *s_level, *s_rank,
+    *attempts_kwnames, *s_limits, *s_max_tokens, *s_max_cost, *k_span, *s_level, *s_rank,
     *end_step_kwnames;
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
@@ -74,13 +75,13 @@ static int member_offset(PyObject *type, const char *name, Py_ssize_t *off) {
     return ok ? 0 : -1;
 }
 
-/* configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok_verdict)
+/* configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok_verdict, span)
  * slots: the observation's slot indexes in the O_* order; kinds: (tool, step, model, run);
  * phases: (after model call, after tool batch, before step); kernels: the policy's
- * (budget_step, budget_model_call, loop_observe, loop_end_step, forecast_observe). */
+ * RecordKernels; span: the steps _decisions._forecast_due looks ahead. */
 static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t i;
-    if (nargs != 9 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
+    if (nargs != 10 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
         !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != NO || !PyTuple_Check(args[5]) ||
         PyTuple_GET_SIZE(args[5]) != 4 || !PyTuple_Check(args[6]) ||
         PyTuple_GET_SIZE(args[6]) != 3 || !PyTuple_Check(args[7]) ||
@@ -115,6 +116,10 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
         s_end_step = PyUnicode_InternFromString("end_step");
         s_observe = PyUnicode_InternFromString("observe");
         s_record_tools = PyUnicode_InternFromString("record_tool_calls");
+        s_limits = PyUnicode_InternFromString("limits");
+        s_max_tokens = PyUnicode_InternFromString("max_tokens");
+        s_max_cost = PyUnicode_InternFromString("max_cost_usd");
+        if (!s_limits || !s_max_tokens || !s_max_cost) return NULL;
         attempts_kwnames = Py_BuildValue("(s)", "attempts");
         s_level = PyUnicode_InternFromString("level");
         s_rank = PyUnicode_InternFromString("rank");
@@ -131,6 +136,7 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_XSETREF(before_step, Py_NewRef(PyTuple_GET_ITEM(args[6], 2)));
     for (i = 0; i < NK; i++) Py_XSETREF(kernels[i], Py_NewRef(PyTuple_GET_ITEM(args[7], i)));
     Py_XSETREF(ok_verdict, Py_NewRef(args[8]));
+    Py_XSETREF(k_span, Py_NewRef(args[9]));
     Py_RETURN_NONE;
 }
 
@@ -497,11 +503,116 @@ static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromSsize_t(i);
 }
 
+/* _decisions._forecast_due(run, run.budget.limits): 1, 0, or -1 on error. */
+static int forecast_due(PyObject *run) {
+    PyObject *limits, *tokens = NULL, *cost = NULL, *left = NULL, *room = NULL, *lst;
+    int rc = -1, gt;
+    limits = PyObject_GetAttr(SLOT(run, off_r[R_BUDGET]), s_limits);
+    if (limits == NULL) return -1;
+    if ((tokens = PyObject_GetAttr(limits, s_max_tokens)) == NULL) goto done;
+    if (tokens != Py_None) { /* tokens - run.tokens_used <= span * max(last_step_tokens, 1) */
+        lst = SLOT(run, off_r[R_LAST_STEP_TOKENS]);
+        if ((gt = PyObject_RichCompareBool(k_one, lst, Py_GT)) < 0) goto done;
+        if ((left = PyNumber_Subtract(tokens, SLOT(run, off_r[R_TOKENS_USED]))) == NULL) goto done;
+        if ((room = PyNumber_Multiply(k_span, gt ? k_one : lst)) == NULL) goto done;
+        if ((rc = PyObject_RichCompareBool(left, room, Py_LE)) != 0) goto done;
+        Py_CLEAR(left);
+        Py_CLEAR(room);
+    }
+    if ((cost = PyObject_GetAttr(limits, s_max_cost)) == NULL) goto done;
+    rc = 0;
+    if (cost == Py_None) goto done; /* cost - run.cost_used <= span * step_cost, step_cost > 0 */
+    lst = SLOT(run, off_r[R_LAST_STEP_COST]);
+    if ((rc = PyObject_RichCompareBool(lst, k_zero, Py_GT)) <= 0) goto done;
+    rc = -1;
+    if ((left = PyNumber_Subtract(cost, SLOT(run, off_r[R_COST_USED]))) == NULL) goto done;
+    if ((room = PyNumber_Multiply(k_span, lst)) == NULL) goto done;
+    rc = PyObject_RichCompareBool(left, room, Py_LE);
+done:
+    Py_DECREF(limits);
+    Py_XDECREF(tokens);
+    Py_XDECREF(cost);
+    Py_XDECREF(left);
+    Py_XDECREF(room);
+    return rc;
+}
+
+/* Whether SpanApplier._decide(run, entry) would do nothing (after touched_at): no parents to
+ * decide, and the run stopped, or quiet: no loop verdict above its soft level, its budget's
+ * kernel sure of no escalation, and no forecast due. 1 yes, 0 no (or not known), -1 error. */
+static int nothing_to_decide(PyObject *run, PyObject *entry) {
+    PyObject *soft = SLOT(run, off_r[R_SOFT]), *verdict, *rank, *q = NULL, *args[2];
+    int rc;
+    long v;
+    if (SLOT(run, off_r[R_PARENT]) != Py_None) return 0;
+    if (SLOT(run, off_r[R_STOP_REASON]) != Py_None) return 1;
+    if (soft == NULL || SLOT(run, off_r[R_BUDGET]) == NULL) return 0;
+    rank = PyObject_GetAttr(soft, s_rank);
+    if (rank == NULL) return -1;
+    verdict = SLOT(entry, off_tc[T_VERDICT]);
+    if (verdict != NULL && verdict != Py_None && verdict != ok_verdict) {
+        long r = PyLong_AsLong(rank);
+        v = rank_of(verdict);
+        if (v < 0 || (r == -1 && PyErr_Occurred())) {
+            Py_DECREF(rank);
+            return -1;
+        }
+        if (v > r) {
+            Py_DECREF(rank);
+            return 0;
+        }
+    }
+    args[0] = SLOT(run, off_r[R_BUDGET]), args[1] = rank;
+    rc = kernel(K_BUDGET_QUIET, args, 2, &q);
+    Py_DECREF(rank);
+    if (rc <= 0) return rc;
+    Py_DECREF(q);
+    if (SLOT(entry, off_tc[T_PHASE]) != before_step) return 1;
+    rc = PyObject_IsTrue(SLOT(run, off_r[R_FORECAST_WARNED]));
+    if (rc != 0) return rc < 0 ? -1 : 1;
+    rc = forecast_due(run);
+    return rc < 0 ? -1 : !rc;
+}
+
+/* conclude(touched, now, decide) -> None: SpanApplier.conclude()'s loop over the runs, in
+ * order: each run's touched_at set to now, then decide(run, entry) unless it would do
+ * nothing (see nothing_to_decide). */
+static PyObject *sn_conclude(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *run, *entry, *r, *call[2];
+    Py_ssize_t pos = 0;
+    int rc;
+    if (nargs != 3 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "conclude(dict, now, decide)");
+        return NULL;
+    }
+    if (run_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "conclude() before configure()");
+        return NULL;
+    }
+    while (PyDict_Next(args[0], &pos, &run, &entry)) {
+        if (!Py_IS_TYPE(run, run_type) || !Py_IS_TYPE(entry, touched_type)) {
+            PyErr_SetString(PyExc_TypeError, "conclude(): not a Touched of a RunState");
+            return NULL;
+        }
+        slot_set(run, off_r[R_TOUCHED_AT], args[1]);
+        rc = nothing_to_decide(run, entry);
+        if (rc < 0) return NULL;
+        if (rc) continue;
+        call[0] = run, call[1] = entry;
+        r = PyObject_Vectorcall(args[2], call, 2, NULL);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))sn_configure, METH_FASTCALL,
      "configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok)"},
     {"flush", (PyCFunction)(void (*)(void))sn_flush, METH_FASTCALL,
      "flush(touched, spent) -> None: the tool calls counted in touched, into the budgets"},
+    {"conclude", (PyCFunction)(void (*)(void))sn_conclude, METH_FASTCALL,
+     "conclude(touched, now, decide) -> None: decide(run, entry) for each run that may act"},
     {"apply", (PyCFunction)(void (*)(void))sn_apply, METH_FASTCALL,
      "apply(observations, start, touched, spent, runs, scope) -> first index not applied"},
     {NULL, NULL, 0, NULL}};

@@ -317,25 +317,35 @@ class SpanApplier:
         if touched:
             reg.budgets.observe(touched)  # spend moves from the runs' grants to windows
             now = reg.clock()
+            native = applier() if self.native else None
+            if native is not None:  # the same, skipping the runs for which _decide does nothing
+                native.conclude(touched, now, self._decide)
+                return
             for run, entry in touched.items():
-                phase, verdict = entry.phase, entry.verdict
                 run.touched_at = now
-                # escalation() returns None only when decide() could not return anything
-                # stronger than the soft level the run already has; act() would then do
-                # nothing (SoftLevel pushes each level once), so skipping it changes nothing.
-                if run.stop_reason is None:
-                    d = run.budget.escalation(phase=phase, loop=verdict, above=run.soft.level)
-                    if d is not None:
-                        reg.act(run, d, verdict)
-                    if (
-                        phase is _BEFORE_STEP
-                        and run.stop_reason is None
-                        and not run.forecast_warned
-                        and _forecast_due(run, run.budget.limits)  # forecast()'s cheap gate
-                    ):
-                        reg.forecast(run, run.last_step)
-                if run.parent is not None:
-                    self._decide_parents(run, phase)
+                self._decide(run, entry)
+
+    def _decide(self, run: RunState, entry: Touched) -> None:
+        """Decide one run the request touched, with the phase of its last span and the
+        strongest loop verdict it produced, then its parents."""
+        phase, verdict = entry.phase, entry.verdict
+        reg = self.registry
+        # escalation() returns None only when decide() could not return anything stronger
+        # than the soft level the run already has; act() would then do nothing (SoftLevel
+        # pushes each level once), so skipping it changes nothing.
+        if run.stop_reason is None:
+            d = run.budget.escalation(phase=phase, loop=verdict, above=run.soft.level)
+            if d is not None:
+                reg.act(run, d, verdict)
+            if (
+                phase is _BEFORE_STEP
+                and run.stop_reason is None
+                and not run.forecast_warned
+                and _forecast_due(run, run.budget.limits)  # forecast()'s cheap gate
+            ):
+                reg.forecast(run, run.last_step)
+        if run.parent is not None:
+            self._decide_parents(run, phase)
 
     def _foreign_refused(self) -> bool:
         """For a span naming another tenant's run: would a run nobody has be refused here?

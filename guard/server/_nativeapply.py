@@ -5,7 +5,9 @@ types and the policy's record kernels (:mod:`guard.policy._kernels`).
 scope)`` applies spans from ``start`` exactly as the Python loop of
 :class:`~guard.server._ingest.SpanApplier` does and returns the index of the first span it
 does not answer for (see the C file's header); ``flush(touched, spent)`` is
-:func:`~guard.server._spanhost.flush`. ``None`` when the extension is not built or the
+:func:`~guard.server._spanhost.flush`; ``conclude(touched, now, decide)`` sets each touched
+run's ``touched_at`` and calls ``decide(run, entry)`` (``SpanApplier._decide``) for the runs,
+in order, for which it would do anything. ``None`` when the extension is not built or the
 policy's native paths are off (``OTEL_GUARD_PURE_PYTHON=1``: the Python loop alone).
 """
 
@@ -17,6 +19,7 @@ from typing import Any, NamedTuple
 from guard.policy import Phase, Usage
 from guard.policy._kernels import CONTINUE_VERDICT, record_kernels
 from guard.server import _schema as s
+from guard.server._decisions import FORECAST_HORIZON_STEPS
 from guard.server._spanhost import Touched
 from guard.server._state import RunState
 
@@ -26,6 +29,7 @@ __all__ = ["NativeApplier", "applier"]
 class NativeApplier(NamedTuple):
     apply: Callable[..., int]
     flush: Callable[[dict[Any, Any], dict[str, Any]], None]
+    conclude: Callable[[dict[Any, Any], float, Callable[[Any, Any], None]], None]
 
 
 try:
@@ -34,7 +38,9 @@ except ImportError:  # pragma: no cover - installed without a C compiler
     _NATIVE = None
 
 _configured: tuple[Any, ...] | None = None
-_FUNCTIONS = None if _NATIVE is None else NativeApplier(_NATIVE.apply, _NATIVE.flush)
+_FUNCTIONS = (
+    None if _NATIVE is None else NativeApplier(_NATIVE.apply, _NATIVE.flush, _NATIVE.conclude)
+)
 
 
 def applier() -> NativeApplier | None:
@@ -56,6 +62,7 @@ def applier() -> NativeApplier | None:
             (Phase.AFTER_MODEL_CALL, Phase.AFTER_TOOL_BATCH, Phase.BEFORE_STEP),
             tuple(kernels),
             CONTINUE_VERDICT,
+            FORECAST_HORIZON_STEPS + 2,  # the look-ahead of _decisions._forecast_due
         )  # fmt: skip
         _configured = kernels
     return _FUNCTIONS

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from guard.errors import BudgetExceeded
 from guard.policy import Budget, Forecaster, Limits, LoopDetector, LoopSettings, Usage
 from guard.policy._kernels import CONTINUE_VERDICT, record_kernels
 
@@ -228,3 +229,86 @@ def test_forecast_kernel_matches_the_method(points: list[tuple[Any, Any]]) -> No
             assert state(kf) == before
             kf.observe(index, tokens)
         assert state(kf) == state(mf)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+LIMIT = st.one_of(st.none(), st.integers(0, 50))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "max_steps": LIMIT,
+            "max_tokens": st.one_of(st.none(), st.integers(0, 5000)),
+            "reserve_tokens": st.sampled_from([0, 100, 1000]),
+            "max_tool_calls": LIMIT,
+            "max_model_calls": LIMIT,
+            "max_cost_usd": st.one_of(st.none(), st.floats(0, 1)),
+            "deadline_s": st.one_of(st.none(), st.floats(0, 100)),
+            "reserve_s": st.sampled_from([0.0, 5.0]),
+            "pause_freezes_deadline": st.booleans(),
+        }
+    ),
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("step")),
+            st.tuples(st.just("model"), st.integers(0, 900), st.floats(0, 0.2)),
+            st.tuples(st.just("tools"), st.integers(0, 4)),
+            st.tuples(st.just("tick"), st.floats(0, 30)),
+            st.tuples(st.just("pause")),
+            st.tuples(st.just("resume")),
+            st.tuples(st.just("reserve"), st.integers(0, 900)),
+        ),
+        max_size=25,
+    ),
+    st.integers(0, 3),
+)
+def test_budget_quiet_is_never_wrong(limits: dict[str, Any], ops: list[Any], rank: int) -> None:
+    from guard.policy import Action, Phase
+
+    above = list(Action)[rank]
+    clock = _Clock()
+    b = Budget(Limits(**limits), clock=clock)
+    for op in ops:
+        if op[0] == "step":
+            b.record_step()
+        elif op[0] == "model":
+            b.record_model_call(input_tokens=op[1], output_tokens=op[1] // 9, cost_usd=op[2])
+        elif op[0] == "tools":
+            b.record_tool_calls(op[1])
+        elif op[0] == "tick":
+            clock.t += op[1]
+        elif op[0] in ("pause", "resume"):
+            getattr(b, op[0])()
+        else:
+            try:
+                b.reserve(tokens=op[1])
+            except BudgetExceeded:
+                pass  # over budget: refused, nothing held
+        quiet = KERNELS.budget_quiet(b, rank)
+        assert quiet in (True, None)
+        for phase in Phase:
+            if quiet:
+                assert b.escalation(phase=phase, above=above) is None
+
+
+def test_budget_quiet_answers_for_a_budget_far_from_its_limits() -> None:
+    from guard.policy import Action
+
+    b = Budget(Limits(max_steps=100, max_tokens=10**6, deadline_s=3600.0), clock=_Clock())
+    assert KERNELS.budget_quiet(b, 0) is True
+    b.record_step()
+    assert KERNELS.budget_quiet(b, 0) is True
+    assert KERNELS.budget_quiet(b, 1) is None  # another rank's trigger points: the method's
+    assert b.escalation(above=Action.WARN) is None
+    assert KERNELS.budget_quiet(b, 1) is True
+    b.set_limits(Limits(max_steps=1))
+    assert KERNELS.budget_quiet(b, 1) is None  # other limits
