@@ -134,7 +134,8 @@ class LoopDetector:
         ring_a, ring_r = self._acts, self._res
         i = self._n % w
         # Every pattern needs this action at least k-1 times in the window (repeats, cycles)
-        # or this result at least k+1 times (same_result): below that, nothing can fire.
+        # or this result at least k+1 times (same_result; the native filter asks for k+1 in
+        # a row, which same_result counts): below that, nothing can fire.
         native = self._native
         quiet = (
             None

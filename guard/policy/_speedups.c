@@ -435,10 +435,33 @@ static Py_ssize_t count64(const char *ring, Py_ssize_t n, uint64_t x) {
     return c;
 }
 
+/* How many calls in a row, newest (at `slot`) first, returned `r`: unwritten slots hold 0,
+ * which no known result is, so the walk stops at the window's oldest call. */
+static Py_ssize_t streak64(const char *ring, Py_ssize_t n, Py_ssize_t slot, uint64_t r) {
+    Py_ssize_t c = 0, i = slot;
+    uint64_t v;
+    while (c < n) {
+        memcpy(&v, ring + 8 * i, 8);
+        if (v != r) break;
+        c++;
+        i = i ? i - 1 : n - 1;
+    }
+    return c;
+}
+
+/* After a call is written at `slot`: can no pattern fire? Repeats and cycles need this action
+ * at least need_a times in the window (a cycle's current call recurs once per period);
+ * same_result needs this (known) result in need_r calls in a row, the newest included. */
+static int quiet_window(const char *acts, const char *res, Py_ssize_t n, Py_ssize_t slot,
+                        uint64_t a, uint64_t r, Py_ssize_t need_a, Py_ssize_t need_r) {
+    return count64(acts, n, a) < need_a && (!r || streak64(res, n, slot, r) < need_r);
+}
+
 /* observe(acts, res, slot, action, result, need_a, need_r) -> bool | None
  * LoopDetector.observe_action()'s first half: writes the call into slot `slot` of the two
  * rings (array('Q') of the same length) and returns True when no pattern can fire (the
- * action occurs fewer than need_a times and the result, when known, fewer than need_r times),
+ * action occurs fewer than need_a times and the result, when known, ends a run of fewer than
+ * need_r equal results: see quiet_window),
  * False when the full check must run. None, with nothing written: not a canonical
  * fingerprint, for the reference to handle. */
 static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -469,8 +492,7 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
     } else {
         memcpy((char *)va.buf + 8 * slot, &a, 8);
         memcpy((char *)vr.buf + 8 * slot, &r, 8);
-        res = PyBool_FromLong(count64(va.buf, n, a) < need_a &&
-                              (!r || count64(vr.buf, n, r) < need_r));
+        res = PyBool_FromLong(quiet_window(va.buf, vr.buf, n, slot, a, r, need_a, need_r));
     }
     PyBuffer_Release(&vr);
     PyBuffer_Release(&va);
@@ -917,7 +939,7 @@ static PyObject *sp_loop_observe(PyObject *self, PyObject *const *args, Py_ssize
     slot = n % w;
     memcpy((char *)va.buf + 8 * slot, &a, 8);
     memcpy((char *)vr.buf + 8 * slot, &r, 8);
-    quiet = count64(va.buf, w, a) < k - 1 && (!r || count64(vr.buf, w, r) < k + 1);
+    quiet = quiet_window(va.buf, vr.buf, w, slot, a, r, k - 1, k + 1);
     PyBuffer_Release(&va);
     PyBuffer_Release(&vr);
     SLOT(d, off_l[L_N]) = next;

@@ -33,16 +33,23 @@ from guard.v1 import guard_pb2 as pb
 from .conftest import trace_id_of
 from .test_applier_reference import RUNS, TENANTS, Side, _rid
 
+
+def _fp(i: int) -> str:
+    """A canonical fingerprint (32 hex digits) whose first 64 bits, what the detector's rings
+    keep, are ``i``."""
+    return f"{i:016x}{i:016x}"
+
+
 pytestmark = pytest.mark.skipif(_nativeapply.applier() is None, reason="native applier not built")
 
-FPS = [f"{i:032x}" for i in (1, 2, 3, 0xABCDEF)] + ["ab", "not-hex-at-all-xyz", "", None]
+FPS = [_fp(i) for i in (1, 2, 3, 0xABCDEF)] + ["ab", "not-hex-at-all-xyz", "", None]
 COUNTS = st.one_of(
     st.sampled_from([0, 0, 40, 300, 900, 1500]),
     st.sampled_from([-1, True, 2.0, 2**70, 10**12]),
 )
 COSTS = st.sampled_from([None, None, 0.001, 0.004, 0.0, 1, -0.5, math.nan, math.inf, 1e300])
 INDEXES = st.sampled_from([1, 2, 3, 7, 0, None, -1, True, 2.5])
-STATES = st.sampled_from([None, None, "0" * 32, f"{5:032x}", "zz", ""])
+STATES = st.sampled_from([None, None, "0" * 32, _fp(5), "zz", ""])
 
 model_spec = st.fixed_dictionaries(
     {
@@ -195,10 +202,22 @@ def test_native_applier_matches_the_python_loop(ops: list[tuple[Any, ...]]) -> N
             for i, seq, spec in step[2]:
                 payload.append(_observation(i, seq, spec, n))
                 n += 1
-        native.apply(step, payload and [Observation(o) for o in payload])
-        ref.apply(step, payload)
+        raised = [_raised(native.apply, step, payload and [Observation(o) for o in payload])]
+        raised.append(_raised(ref.apply, step, payload))
+        assert raised[0] == raised[1], step
         a, b = native.state(), ref.state()
         assert a == b or _same(a, b), step
+
+
+def _raised(apply: Any, step: Any, payload: Any) -> tuple[str, str] | None:
+    """What applying a step raised, if anything: the generated values go beyond what a
+    decoder lets through (a late span's negative count reaches the tenant allowances, which
+    refuse it), and both sides must raise the same there too."""
+    try:
+        apply(step, payload)
+    except Exception as exc:  # compared, not swallowed: both sides must agree
+        return type(exc).__name__, str(exc)
+    return None
 
 
 def test_the_native_loop_answers_for_the_common_spans() -> None:
