@@ -21,6 +21,13 @@ inlined in ``ingest``: this loop runs once per span.
 Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trace. A model
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
 
+The native applier (``_applynative.c``, see :mod:`guard.server._nativeapply`) runs this loop
+for the spans it answers for (tool, step and model spans of tracked runs of the caller's
+tenant, and run spans of connected runs), the loop below for the rest, and the request's end
+for the runs the decision may act on; ``SpanApplier(native=False)`` and
+``OTEL_GUARD_PURE_PYTHON=1`` keep to the Python loop, the reference it is tested against
+(tests/server/test_applier_native.py). The rarer cases are in :mod:`guard.server._spanedge`.
+
 Numbered spans (``guard.seq``, set by the SDK when the run has a control stream) are counted
 once across a guard restart: see ``Rejoin.gate``. The span path never writes the record of a run
 whose agent has a control stream; the agent's RunEnded is the record (``_run_span``).
@@ -30,12 +37,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard.policy import DecidedBy, Phase, Reason, Status, Usage
+from guard.policy import Phase, Usage
 from guard.server._decisions import _forecast_due
 from guard.server._nativeapply import applier
 from guard.server._schema import (
     ACTION_FP,
-    AGENT,
     ATTEMPTS,
     CACHED,
     COST,
@@ -48,23 +54,17 @@ from guard.server._schema import (
     KIND_TOOL,
     MODEL,
     OUT,
-    PARENT_RUN,
-    PARENT_SPAN_ID,
     PROGRESS,
     REASONING,
     RESP_ID,
     RESULT_HASH,
     RUN_ID,
-    SEQ,
-    SPAN_ID,
     STATE_HASH,
     STEP_INDEX,
-    STOP_REASON,
-    STOP_STATUS,
-    TENANT,
     TOOL_NAME,
     TRACE_ID,
 )
+from guard.server._spanedge import SpanEdges
 from guard.server._spanhost import SpanHost, Touched
 from guard.server._spanhost import flush as _flush
 
@@ -80,7 +80,7 @@ _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
 _BEFORE_STEP = Phase.BEFORE_STEP
 
 
-class SpanApplier:
+class SpanApplier(SpanEdges):
     """Applies decoded observations to the registry's runs: the fused ingest loop.
 
     One per registry (``registry.applier``); it owns no state of its own beyond a request
@@ -346,92 +346,3 @@ class SpanApplier:
                 reg.forecast(run, run.last_step)
         if run.parent is not None:
             self._decide_parents(run, phase)
-
-    def _foreign_refused(self) -> bool:
-        """For a span naming another tenant's run: would a run nobody has be refused here?
-
-        Such a span is dropped either way (one id cannot name two runs, so no implicit run is
-        made); this only makes the answer the same as for an unknown id, which is refused
-        when the guard is at capacity with no span-only run to forget.
-        """
-        reg = self.registry
-        return len(reg.runs) >= reg.max_runs and not reg.span_only
-
-    def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
-        """A span of a run that never said RunStarted: track it from its spans alone."""
-        reg = self.registry
-        if len(reg.runs) >= reg.max_runs and not reg.make_room():
-            reg.stats["capacity_rejections"] += 1
-            return None
-        tenant = o[TENANT] or (principal.tenant or "")
-        if principal.tenant is not None and tenant != principal.tenant:
-            return None
-        trace = o[TRACE_ID]
-        run = reg.new_run(
-            o[RUN_ID],
-            tenant=tenant,
-            agent=o[AGENT] or "",
-            parent_run_id=o[PARENT_RUN] or "",  # another tenant's run is no parent (new_run)
-            trace=trace if len(trace) == 16 else b"",  # OTLP trace ids are 16 bytes
-            started_at=0.0,
-            limits=reg.config.effective_limits(None),
-            session=None,
-            admitted=False,
-        )
-        if o[SEQ] is not None:  # numbered: its agent has a control stream and will register it
-            run.seq_gate = []
-        return run
-
-    def _duplicate(self, run: RunState, o: Observation) -> bool:
-        """True when this model span is a call already counted (see ``SeenCalls``); else
-        remembers it. Only for foreign spans, spans with a response id, or runs that have
-        seen either (the others cannot repeat a counted call)."""
-        reg = self.registry
-        foreign = o[FOREIGN]
-        resp = o[RESP_ID]
-        parent = o[PARENT_SPAN_ID]
-        counts = (o[IN], o[OUT])
-        seen = run.seen_calls()
-        if seen.duplicate(o[SPAN_ID], parent, resp, counts, foreign):
-            reg.stats["duplicate_model_calls"] += 1
-            return True
-        seen.add(o[SPAN_ID], parent if foreign else b"", resp)
-        seen.sibling(parent, counts, foreign, resp or "")
-        if foreign:
-            reg.stats["foreign_model_calls"] += 1
-        return False
-
-    def _decide_parents(self, run: RunState, phase: Phase) -> None:
-        reg = self.registry
-        parent = run.parent
-        while parent is not None:  # nested runs spend their parents' budgets too
-            if parent.stop_reason is None and parent.run_id in reg.runs:
-                d = parent.budget.escalation(phase=phase, above=parent.soft.level)
-                if d is not None:
-                    reg.act(parent, d)
-            parent = parent.parent
-
-    def _run_span(self, run: RunState, o: Observation) -> None:
-        reg = self.registry
-        if run.connected:
-            return  # RunEnded over the stream is the record
-        try:
-            status = Status(o[STOP_STATUS]) if o[STOP_STATUS] else Status.COMPLETED
-            reason = Reason(o[STOP_REASON]) if o[STOP_REASON] else Reason.FINAL_ANSWER
-        except ValueError:
-            status, reason = Status.FAILED, Reason.ERROR
-        if run.session is not None or run.provisional:
-            # Its agent has (or had) a control stream: its RunEnded, resent until acked, is
-            # the record. Written from these stop attributes only if the agent does not come
-            # back within agent_grace_s (Lifecycle.sweep); the identity is kept for that.
-            run.end_hint = (status, reason)
-            if not run.agent and o[AGENT]:
-                run.agent = o[AGENT]
-            if not run.tenant and o[TENANT]:
-                reg.set_tenant(run, o[TENANT])
-            return
-        if run.stop_by is not None and reason in (Reason.OPERATOR_CANCEL, run.stop_reason):
-            by = run.stop_by
-        else:
-            by = DecidedBy.SDK
-        reg.end_run(run, status, reason, "from the run span (no control stream)", by)

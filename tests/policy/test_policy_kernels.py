@@ -52,6 +52,16 @@ def _add(u: Usage, inp: int, out: int, reasoning: int, cached: int, cost: Any) -
         u.cost_usd = (u.cost_usd or 0.0) + cost
 
 
+def _record(b: Budget, inp: Any, out: Any, reasoning: Any, cached: Any, cost: Any) -> int:
+    return b.record_model_call(
+        input_tokens=inp,
+        output_tokens=out,
+        reasoning_tokens=reasoning,
+        cached_tokens=cached,
+        cost_usd=cost,
+    )
+
+
 def _twins(depth: int) -> tuple[tuple[Budget, Usage], tuple[Budget, Usage]]:
     out = []
     for _ in range(2):
@@ -106,26 +116,14 @@ def test_budget_kernels_match_the_methods(depth: int, ops: list[tuple[Any, ...]]
         inp, out, reasoning, cached, cost = op[1:]
         got = budget_model_call(kb, ku, inp, out, reasoning, cached, cost)
         try:
-            want = mb.record_model_call(
-                input_tokens=inp,
-                output_tokens=out,
-                reasoning_tokens=reasoning,
-                cached_tokens=cached,
-                cost_usd=cost,
-            )
+            want = _record(mb, inp, out, reasoning, cached, cost)
         except ValueError:
             assert got is None  # what the method refuses, the kernel leaves to it
             assert _budget_state(kb, ku) == before
             continue
         if got is None:  # refused: nothing changed; the method records it
             assert _budget_state(kb, ku) == before
-            got = kb.record_model_call(
-                input_tokens=inp,
-                output_tokens=out,
-                reasoning_tokens=reasoning,
-                cached_tokens=cached,
-                cost_usd=cost,
-            )
+            got = _record(kb, inp, out, reasoning, cached, cost)
             _add(ku, inp, out, reasoning, cached, cost)
         assert got == want
         _add(mu, inp, out, reasoning, cached, cost)
