@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from guard.policy._decide import decide as _decide
 from guard.policy._decide import utilisation as _utilisation
-from guard.policy._escalation import UNSET, Escalations
+from guard.policy._escalation import Escalations, triggers
 from guard.policy._reservation import Reservation, Reserving, plain_counts, plain_money
 from guard.policy._reservation import check_count as _count
 from guard.policy._reservation import check_money as _money
@@ -98,7 +98,9 @@ class Budget(Escalations, Reserving, Restorable):
         self._started = clock()
         self._paused_at: float | None = None
         self._paused_total = 0.0
-        self._trig = UNSET  # this budget's trigger points (see _escalation.py)
+        # This budget's trigger points (see _escalation.py) for a run told nothing yet, set
+        # now (a cache lookup) so that the first check of a new run needs no recomputation.
+        self._trig = triggers(limits, 0)
 
     # -- limits and usage ---------------------------------------------------------------
     @property

@@ -134,7 +134,8 @@ class LoopDetector:
         ring_a, ring_r = self._acts, self._res
         i = self._n % w
         # Every pattern needs this action at least k-1 times in the window (repeats, cycles)
-        # or this result at least k+1 times (same_result): below that, nothing can fire.
+        # or this result at least k+1 times (same_result; the native filter asks for k+1 in
+        # a row, which same_result counts): below that, nothing can fire.
         native = self._native
         quiet = (
             None
@@ -160,6 +161,19 @@ class LoopDetector:
                 not r or ring_r.tobytes().count(_pack(r)) < k + 1
             ):
                 return _OK
+        return self._judge(a, r)
+
+    def judge_last(self) -> LoopVerdict:
+        """The full check of the call written last, which the record kernel
+        (``_kernels.loop_observe``) found might fire."""
+        i = (self._n - 1) % self.settings.window
+        return self._judge(self._acts[i], self._res[i])
+
+    def _judge(self, a: int, r: int) -> LoopVerdict:
+        """Judge the window, whose newest call (action ``a``, result ``r``) is written."""
+        settings = self.settings
+        w = settings.window
+        k = settings.repeat_threshold
         m = min(self._n, w)
         cut = self._n % w if self._n >= w else m
         # Newest first, by C-level slicing of the ring (oldest..newest, reversed).

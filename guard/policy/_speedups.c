@@ -17,6 +17,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <structmember.h>
+
+#include "_slots.h"
 
 /* ---- SHA-256 --------------------------------------------------------------------------- */
 
@@ -434,10 +437,33 @@ static Py_ssize_t count64(const char *ring, Py_ssize_t n, uint64_t x) {
     return c;
 }
 
+/* How many calls in a row, newest (at `slot`) first, returned `r`: unwritten slots hold 0,
+ * which no known result is, so the walk stops at the window's oldest call. */
+static Py_ssize_t streak64(const char *ring, Py_ssize_t n, Py_ssize_t slot, uint64_t r) {
+    Py_ssize_t c = 0, i = slot;
+    uint64_t v;
+    while (c < n) {
+        memcpy(&v, ring + 8 * i, 8);
+        if (v != r) break;
+        c++;
+        i = i ? i - 1 : n - 1;
+    }
+    return c;
+}
+
+/* After a call is written at `slot`: can no pattern fire? Repeats and cycles need this action
+ * at least need_a times in the window (a cycle's current call recurs once per period);
+ * same_result needs this (known) result in need_r calls in a row, the newest included. */
+static int quiet_window(const char *acts, const char *res, Py_ssize_t n, Py_ssize_t slot,
+                        uint64_t a, uint64_t r, Py_ssize_t need_a, Py_ssize_t need_r) {
+    return count64(acts, n, a) < need_a && (!r || streak64(res, n, slot, r) < need_r);
+}
+
 /* observe(acts, res, slot, action, result, need_a, need_r) -> bool | None
  * LoopDetector.observe_action()'s first half: writes the call into slot `slot` of the two
  * rings (array('Q') of the same length) and returns True when no pattern can fire (the
- * action occurs fewer than need_a times and the result, when known, fewer than need_r times),
+ * action occurs fewer than need_a times and the result, when known, ends a run of fewer than
+ * need_r equal results: see quiet_window),
  * False when the full check must run. None, with nothing written: not a canonical
  * fingerprint, for the reference to handle. */
 static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -468,13 +494,14 @@ static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t na
     } else {
         memcpy((char *)va.buf + 8 * slot, &a, 8);
         memcpy((char *)vr.buf + 8 * slot, &r, 8);
-        res = PyBool_FromLong(count64(va.buf, n, a) < need_a &&
-                              (!r || count64(vr.buf, n, r) < need_r));
+        res = PyBool_FromLong(quiet_window(va.buf, vr.buf, n, slot, a, r, need_a, need_r));
     }
     PyBuffer_Release(&vr);
     PyBuffer_Release(&va);
     return res;
 }
+
+#include "_kernels.h" /* the record kernels (one translation unit with this file) */
 
 /* sha256(data: bytes) -> bytes: the plain digest (lets tests check the implementation). */
 static PyObject *sp_sha256(PyObject *self, PyObject *arg) {
@@ -501,6 +528,22 @@ static PyMethodDef methods[] = {
     {"observe", (PyCFunction)(void (*)(void))sp_observe, METH_FASTCALL,
      "observe(acts, res, slot, action, result, need_a, need_r) -> quiet, or None"},
     {"sha256", sp_sha256, METH_O, "sha256(data) -> digest"},
+    {"bind", (PyCFunction)(void (*)(void))sp_bind, METH_FASTCALL,
+     "bind(Budget, Usage, LoopDetector, Forecaster, ok) -> None: the record kernels' classes"},
+    {"budget_step", (PyCFunction)(void (*)(void))sp_budget_step, METH_FASTCALL,
+     "budget_step(budget, also) -> seq, or None (use Budget.record_step)"},
+    {"budget_model_call", (PyCFunction)(void (*)(void))sp_budget_model_call, METH_FASTCALL,
+     "budget_model_call(budget, also, in, out, reasoning, cached, cost) -> seq, or None"},
+    {"budget_tool_calls", (PyCFunction)(void (*)(void))sp_budget_tool_calls, METH_FASTCALL,
+     "budget_tool_calls(budget, also, n, attempts) -> seq, or None"},
+    {"budget_quiet", (PyCFunction)(void (*)(void))sp_budget_quiet, METH_FASTCALL,
+     "budget_quiet(budget, rank) -> True, or None (use Budget.escalation)"},
+    {"loop_observe", (PyCFunction)(void (*)(void))sp_loop_observe, METH_FASTCALL,
+     "loop_observe(detector, action, result) -> quiet, or None"},
+    {"loop_end_step", (PyCFunction)(void (*)(void))sp_loop_end_step, METH_FASTCALL,
+     "loop_end_step(detector, state, progress) -> verdict, or None"},
+    {"forecast_observe", (PyCFunction)(void (*)(void))sp_forecast_observe, METH_FASTCALL,
+     "forecast_observe(forecaster, step_index, input_tokens) -> True, or None"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,

@@ -21,6 +21,13 @@ inlined in ``ingest``: this loop runs once per span.
 Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trace. A model
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
 
+The native applier (``_applynative.c``, see :mod:`guard.server._nativeapply`) runs this loop
+for the spans it answers for (tool, step and model spans of tracked runs of the caller's
+tenant, and run spans of connected runs), the loop below for the rest, and the request's end
+for the runs the decision may act on; ``SpanApplier(native=False)`` and
+``OTEL_GUARD_PURE_PYTHON=1`` keep to the Python loop, the reference it is tested against
+(tests/server/test_applier_native.py). The rarer cases are in :mod:`guard.server._spanedge`.
+
 Numbered spans (``guard.seq``, set by the SDK when the run has a control stream) are counted
 once across a guard restart: see ``Rejoin.gate``. The span path never writes the record of a run
 whose agent has a control stream; the agent's RunEnded is the record (``_run_span``).
@@ -30,11 +37,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard.policy import DecidedBy, Phase, Reason, Status, Usage
+from guard.policy import Phase, Usage
 from guard.server._decisions import _forecast_due
+from guard.server._nativeapply import applier
 from guard.server._schema import (
     ACTION_FP,
-    AGENT,
     ATTEMPTS,
     CACHED,
     COST,
@@ -47,23 +54,17 @@ from guard.server._schema import (
     KIND_TOOL,
     MODEL,
     OUT,
-    PARENT_RUN,
-    PARENT_SPAN_ID,
     PROGRESS,
     REASONING,
     RESP_ID,
     RESULT_HASH,
     RUN_ID,
-    SEQ,
-    SPAN_ID,
     STATE_HASH,
     STEP_INDEX,
-    STOP_REASON,
-    STOP_STATUS,
-    TENANT,
     TOOL_NAME,
     TRACE_ID,
 )
+from guard.server._spanedge import SpanEdges
 from guard.server._spanhost import SpanHost, Touched
 from guard.server._spanhost import flush as _flush
 
@@ -79,7 +80,7 @@ _AFTER_TOOLS = Phase.AFTER_TOOL_BATCH
 _BEFORE_STEP = Phase.BEFORE_STEP
 
 
-class SpanApplier:
+class SpanApplier(SpanEdges):
     """Applies decoded observations to the registry's runs: the fused ingest loop.
 
     One per registry (``registry.applier``); it owns no state of its own beyond a request
@@ -87,24 +88,63 @@ class SpanApplier:
     the runs, the tenants' budgets and the decision routing through its :class:`SpanHost`.
     """
 
-    def __init__(self, registry: SpanHost) -> None:
+    def __init__(self, registry: SpanHost, *, native: bool = True) -> None:
         self.registry = registry
+        # The native loop (_nativeapply) when built and on; ``native=False``: this Python
+        # loop alone (the reference the native one is tested against).
+        self.native = native
 
     def ingest(self, decoded: Decoded, principal: Principal) -> tuple[int, list[str]]:
         """Apply one request's observations. Returns (rejected spans, first error texts)."""
         reg = self.registry
         stats = reg.stats
         stats["spans"] += decoded.spans
-        stats["observations"] += len(decoded.observations)
-        rejected = decoded.rejected
+        obs = decoded.observations
+        n = len(obs)
+        stats["observations"] += n
+        touched: dict[RunState, Touched] = {}  # run -> what this request did to it
+        spent: dict[str, Usage] = {}  # tenant -> summed usage
         errors = decoded.errors
+        native = applier() if self.native else None
+        if native is None:
+            rejected = self._apply(obs, 0, n, touched, spent, principal, decoded.rejected, errors)
+        else:
+            # The native loop applies what it answers for and stops at the first span it
+            # does not; this loop applies that one (or, after a span the native loop could
+            # not start with, a few more, doubling: a request of foreign spans stays cheap).
+            rejected, i, take, runs, scope = decoded.rejected, 0, 1, reg.runs, principal.tenant
+            apply = native.apply
+            while True:
+                j = apply(obs, i, touched, spent, runs, scope)
+                if j >= n:
+                    break
+                take = 1 if j > i else min(2 * take, 64)
+                i = min(j + take, n)
+                rejected = self._apply(obs, j, i, touched, spent, principal, rejected, errors)
+        (_flush if native is None else native.flush)(touched, spent)
+        stats["rejected_spans"] += rejected - decoded.rejected
+        self.conclude(touched, spent)
+        return rejected, errors
+
+    def _apply(
+        self,
+        observations: list[Observation],
+        lo: int,
+        hi: int,
+        touched: dict[RunState, Touched],
+        spent: dict[str, Usage],
+        principal: Principal,
+        rejected: int,
+        errors: list[str],
+    ) -> int:
+        """The loop: apply ``observations[lo:hi]``; returns ``rejected`` plus the spans it
+        refused (their first error texts are added to ``errors``)."""
+        reg = self.registry
+        stats = reg.stats
         runs_get = reg.runs.get
         trace_get = reg.by_trace.get
         scope = principal.tenant
         cost_of = reg.config.prices.cost_usd
-        # run -> what this request did to it (Touched); tenant -> summed usage
-        touched: dict[RunState, Touched] = {}
-        spent: dict[str, Usage] = {}
         last_id: str | None = None  # consecutive spans mostly belong to the same run
         run: Any = None
         # The run whose tenant check passed last, with its tenant's usage and its touched
@@ -112,7 +152,7 @@ class SpanApplier:
         cur: Any = None
         usage: Any = None
         entry: Touched | None = None
-        for o in decoded.observations:
+        for o in observations if lo == 0 and hi == len(observations) else observations[lo:hi]:
             run_id = o[RUN_ID]
             if run_id and run_id == last_id:
                 pass
@@ -263,10 +303,7 @@ class SpanApplier:
                 entry.verdict is None or verdict.level.rank > entry.verdict.level.rank
             ):
                 entry.verdict = verdict
-        _flush(touched, spent)
-        stats["rejected_spans"] += rejected - decoded.rejected
-        self.conclude(touched, spent)
-        return rejected, errors
+        return rejected
 
     def conclude(self, touched: dict[RunState, Touched], spent: dict[str, Usage]) -> None:
         """The end of a request: add each tenant's summed usage to its windows once, then
@@ -280,111 +317,32 @@ class SpanApplier:
         if touched:
             reg.budgets.observe(touched)  # spend moves from the runs' grants to windows
             now = reg.clock()
+            native = applier() if self.native else None
+            if native is not None:  # the same, skipping the runs for which _decide does nothing
+                native.conclude(touched, now, self._decide)
+                return
             for run, entry in touched.items():
-                phase, verdict = entry.phase, entry.verdict
                 run.touched_at = now
-                # escalation() returns None only when decide() could not return anything
-                # stronger than the soft level the run already has; act() would then do
-                # nothing (SoftLevel pushes each level once), so skipping it changes nothing.
-                if run.stop_reason is None:
-                    d = run.budget.escalation(phase=phase, loop=verdict, above=run.soft.level)
-                    if d is not None:
-                        reg.act(run, d, verdict)
-                    if (
-                        phase is _BEFORE_STEP
-                        and run.stop_reason is None
-                        and not run.forecast_warned
-                        and _forecast_due(run, run.budget.limits)  # forecast()'s cheap gate
-                    ):
-                        reg.forecast(run, run.last_step)
-                if run.parent is not None:
-                    self._decide_parents(run, phase)
+                self._decide(run, entry)
 
-    def _foreign_refused(self) -> bool:
-        """For a span naming another tenant's run: would a run nobody has be refused here?
-
-        Such a span is dropped either way (one id cannot name two runs, so no implicit run is
-        made); this only makes the answer the same as for an unknown id, which is refused
-        when the guard is at capacity with no span-only run to forget.
-        """
+    def _decide(self, run: RunState, entry: Touched) -> None:
+        """Decide one run the request touched, with the phase of its last span and the
+        strongest loop verdict it produced, then its parents."""
+        phase, verdict = entry.phase, entry.verdict
         reg = self.registry
-        return len(reg.runs) >= reg.max_runs and not reg.span_only
-
-    def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
-        """A span of a run that never said RunStarted: track it from its spans alone."""
-        reg = self.registry
-        if len(reg.runs) >= reg.max_runs and not reg.make_room():
-            reg.stats["capacity_rejections"] += 1
-            return None
-        tenant = o[TENANT] or (principal.tenant or "")
-        if principal.tenant is not None and tenant != principal.tenant:
-            return None
-        trace = o[TRACE_ID]
-        run = reg.new_run(
-            o[RUN_ID],
-            tenant=tenant,
-            agent=o[AGENT] or "",
-            parent_run_id=o[PARENT_RUN] or "",  # another tenant's run is no parent (new_run)
-            trace=trace if len(trace) == 16 else b"",  # OTLP trace ids are 16 bytes
-            started_at=0.0,
-            limits=reg.config.effective_limits(None),
-            session=None,
-            admitted=False,
-        )
-        if o[SEQ] is not None:  # numbered: its agent has a control stream and will register it
-            run.seq_gate = []
-        return run
-
-    def _duplicate(self, run: RunState, o: Observation) -> bool:
-        """True when this model span is a call already counted (see ``SeenCalls``); else
-        remembers it. Only for foreign spans, spans with a response id, or runs that have
-        seen either (the others cannot repeat a counted call)."""
-        reg = self.registry
-        foreign = o[FOREIGN]
-        resp = o[RESP_ID]
-        parent = o[PARENT_SPAN_ID]
-        counts = (o[IN], o[OUT])
-        seen = run.seen_calls()
-        if seen.duplicate(o[SPAN_ID], parent, resp, counts, foreign):
-            reg.stats["duplicate_model_calls"] += 1
-            return True
-        seen.add(o[SPAN_ID], parent if foreign else b"", resp)
-        seen.sibling(parent, counts, foreign, resp or "")
-        if foreign:
-            reg.stats["foreign_model_calls"] += 1
-        return False
-
-    def _decide_parents(self, run: RunState, phase: Phase) -> None:
-        reg = self.registry
-        parent = run.parent
-        while parent is not None:  # nested runs spend their parents' budgets too
-            if parent.stop_reason is None and parent.run_id in reg.runs:
-                d = parent.budget.escalation(phase=phase, above=parent.soft.level)
-                if d is not None:
-                    reg.act(parent, d)
-            parent = parent.parent
-
-    def _run_span(self, run: RunState, o: Observation) -> None:
-        reg = self.registry
-        if run.connected:
-            return  # RunEnded over the stream is the record
-        try:
-            status = Status(o[STOP_STATUS]) if o[STOP_STATUS] else Status.COMPLETED
-            reason = Reason(o[STOP_REASON]) if o[STOP_REASON] else Reason.FINAL_ANSWER
-        except ValueError:
-            status, reason = Status.FAILED, Reason.ERROR
-        if run.session is not None or run.provisional:
-            # Its agent has (or had) a control stream: its RunEnded, resent until acked, is
-            # the record. Written from these stop attributes only if the agent does not come
-            # back within agent_grace_s (Lifecycle.sweep); the identity is kept for that.
-            run.end_hint = (status, reason)
-            if not run.agent and o[AGENT]:
-                run.agent = o[AGENT]
-            if not run.tenant and o[TENANT]:
-                reg.set_tenant(run, o[TENANT])
-            return
-        if run.stop_by is not None and reason in (Reason.OPERATOR_CANCEL, run.stop_reason):
-            by = run.stop_by
-        else:
-            by = DecidedBy.SDK
-        reg.end_run(run, status, reason, "from the run span (no control stream)", by)
+        # escalation() returns None only when decide() could not return anything stronger
+        # than the soft level the run already has; act() would then do nothing (SoftLevel
+        # pushes each level once), so skipping it changes nothing.
+        if run.stop_reason is None:
+            d = run.budget.escalation(phase=phase, loop=verdict, above=run.soft.level)
+            if d is not None:
+                reg.act(run, d, verdict)
+            if (
+                phase is _BEFORE_STEP
+                and run.stop_reason is None
+                and not run.forecast_warned
+                and _forecast_due(run, run.budget.limits)  # forecast()'s cheap gate
+            ):
+                reg.forecast(run, run.last_step)
+        if run.parent is not None:
+            self._decide_parents(run, phase)

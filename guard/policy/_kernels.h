@@ -1,0 +1,523 @@
+/*
+ * The record kernels of guard/policy/_speedups.c (included there: one translation unit, so
+ * they share its loop-window helpers hex64, count64 and quiet_window). See the comment below.
+ */
+#ifndef GUARD_KERNELS_H
+#define GUARD_KERNELS_H
+
+/* ---- record kernels: the policy's per-span arithmetic on its own objects --------------------
+ *
+ * The guard's span path (guard/server/_applynative.c) records every span of the three common
+ * kinds through these (and checks a request's touched runs with budget_quiet), instead of through Budget.record_step / record_model_call,
+ * LoopDetector.observe_action / end_step and Forecaster.observe. Each one does exactly what its
+ * Python method does, in the same order and with the same Python arithmetic (PyNumber_*), on
+ * the slots of the policy's own classes, which guard/policy/_kernels.py hands to bind() (the
+ * offsets are read from the classes' member descriptors, and every object is checked to be
+ * of exactly the bound class). Exactness by refusal: a kernel that returns None has changed
+ * nothing, and its caller takes the Python method instead (a budget whose lock is held by
+ * another thread, a count or cost the Python check would refuse, a step it does not cover).
+ * tests/policy/test_policy_kernels.py holds each kernel to its method. */
+
+enum {
+    B_USAGES, B_SEQ, B_LOCK, B_LIMITS, B_TRIG, B_USAGE, B_RESERVED, B_CLOCK, B_STARTED,
+    B_PAUSED_AT, B_PAUSED_TOTAL, NB
+};
+enum { U_STEPS, U_MODEL_CALLS, U_IN, U_OUT, U_REASONING, U_CACHED, U_COST, U_TOOLS, U_ATTEMPTS, NU };
+enum { L_ACTS, L_RES, L_N, L_SETTINGS, L_STALE, L_GBITS, L_GOFF, NL };
+enum { F_N, F_SX, F_SY, F_SXX, F_SXY, F_LAST, NF };
+static PyTypeObject *k_budget, *k_usage, *k_loop, *k_forecaster;
+static Py_ssize_t off_b[NB], off_u[NU], off_l[NL], off_f[NF];
+static PyObject *k_ok, *k_zero_f, *k_zero, *k_one, *s_locked, *s_window, *s_threshold;
+/* the trigger points' fields (Triggers, _escalation.py) and the limits' the check reads */
+enum { TR_LIMITS, TR_RANK, TR_STEPS, TR_MODEL_CALLS, TR_TOKENS, TR_TOKENS_RESERVE, TR_COST,
+       TR_TOOL_CALLS, TR_ELAPSED, TR_ELAPSED_RESERVE, NTR };
+static const char *const tr_names[NTR] = {"limits", "rank", "steps", "model_calls", "tokens",
+                                          "tokens_reserve", "cost_usd", "tool_calls",
+                                          "elapsed_s", "elapsed_reserve_s"};
+static PyObject *s_tr[NTR], *s_deadline, *s_freezes, *k_inf;
+
+static int offsets(PyObject *type, const char *const *names, Py_ssize_t *out, int n) {
+    int i;
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes classes");
+        return -1;
+    }
+    for (i = 0; i < n; i++)
+        if (member_offset(type, names[i], &out[i]) < 0) return -1;
+    return 0;
+}
+
+/* bind(Budget, Usage, LoopDetector, Forecaster, ok_verdict) */
+static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    static const char *const nb[] = {"_usages",   "_seq",   "_lock",    "_limits",
+                                     "_trig",     "_usage", "_reserved", "_clock",
+                                     "_started",  "_paused_at", "_paused_total"};
+    static const char *const nu[] = {"steps",         "model_calls",      "input_tokens",
+                                     "output_tokens", "reasoning_tokens", "cached_tokens",
+                                     "cost_usd",      "tool_calls",       "tool_attempts"};
+    static const char *const nl[] = {"_acts", "_res", "_n", "settings", "_stale", "_gbits", "_goff"};
+    static const char *const nf[] = {"_n", "_sx", "_sy", "_sxx", "_sxy", "_last"};
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "bind() takes 5 arguments");
+        return NULL;
+    }
+    if (offsets(args[0], nb, off_b, NB) < 0 || offsets(args[1], nu, off_u, NU) < 0 ||
+        offsets(args[2], nl, off_l, NL) < 0 || offsets(args[3], nf, off_f, NF) < 0)
+        return NULL;
+    if (k_zero_f == NULL) {
+        k_zero_f = PyFloat_FromDouble(0.0);
+        k_one = PyLong_FromLong(1);
+        k_zero = PyLong_FromLong(0);
+        s_locked = PyUnicode_InternFromString("locked");
+        s_window = PyUnicode_InternFromString("window");
+        s_threshold = PyUnicode_InternFromString("repeat_threshold");
+        if (!k_zero_f || !k_zero || !k_one || !s_locked || !s_window || !s_threshold) return NULL;
+        for (int i = 0; i < NTR; i++)
+            if ((s_tr[i] = PyUnicode_InternFromString(tr_names[i])) == NULL) return NULL;
+        s_deadline = PyUnicode_InternFromString("deadline_s");
+        s_freezes = PyUnicode_InternFromString("pause_freezes_deadline");
+        k_inf = PyFloat_FromDouble(Py_HUGE_VAL);
+        if (!s_deadline || !s_freezes || !k_inf) return NULL;
+    }
+    Py_XSETREF(k_budget, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(k_usage, (PyTypeObject *)Py_NewRef(args[1]));
+    Py_XSETREF(k_loop, (PyTypeObject *)Py_NewRef(args[2]));
+    Py_XSETREF(k_forecaster, (PyTypeObject *)Py_NewRef(args[3]));
+    Py_XSETREF(k_ok, Py_NewRef(args[4]));
+    Py_RETURN_NONE;
+}
+
+/* u.cost_usd = (u.cost_usd or 0.0) + cost */
+static int add_cost(PyObject *u, PyObject *cost) {
+    PyObject *v = SLOT(u, off_u[U_COST]), *sum;
+    int t;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cost_usd not set");
+        return -1;
+    }
+    t = PyObject_IsTrue(v);
+    if (t < 0) return -1;
+    sum = PyNumber_Add(t ? v : k_zero_f, cost);
+    if (sum == NULL) return -1;
+    SLOT(u, off_u[U_COST]) = sum;
+    Py_DECREF(v);
+    return 0;
+}
+
+static int plain_count(PyObject *v) {
+    return PyLong_CheckExact(v) && _PyLong_Sign(v) >= 0;
+}
+
+/* The budget's usages (itself and its ancestors) when it may be recorded into natively now:
+ * exactly a Budget, bound, and its lock not held (another thread inside the lock would be
+ * interleaved with; the Python method waits for it instead). NULL: refused (or an error). */
+static PyObject *usages_of(PyObject *budget, PyObject *also) {
+    PyObject *lock, *held, *usages;
+    Py_ssize_t i;
+    if (k_budget == NULL || !Py_IS_TYPE(budget, k_budget) || !Py_IS_TYPE(also, k_usage))
+        return NULL;
+    usages = SLOT(budget, off_b[B_USAGES]);
+    lock = SLOT(budget, off_b[B_LOCK]);
+    if (usages == NULL || lock == NULL || SLOT(budget, off_b[B_SEQ]) == NULL ||
+        !PyTuple_CheckExact(usages))
+        return NULL;
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++)
+        if (!Py_IS_TYPE(PyTuple_GET_ITEM(usages, i), k_usage)) return NULL;
+    held = PyObject_CallMethodNoArgs(lock, s_locked);
+    if (held == NULL) return NULL;
+    Py_DECREF(held);
+    return held == Py_False ? usages : NULL;
+}
+
+/* budget_step(budget, also) -> seq | None: Budget.record_step(), then also.steps += 1. */
+static PyObject *sp_budget_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *usages, *b;
+    Py_ssize_t i;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "budget_step() takes 2 arguments");
+        return NULL;
+    }
+    b = args[0];
+    usages = usages_of(b, args[1]);
+    if (usages == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++)
+        if (slot_add(PyTuple_GET_ITEM(usages, i), off_u[U_STEPS], k_one) < 0) return NULL;
+    if (slot_add(b, off_b[B_SEQ], k_one) < 0) return NULL;
+    if (slot_add(args[1], off_u[U_STEPS], k_one) < 0) return NULL;
+    return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
+/* The model-call counters of one usage, in Budget._add_model_call_locked's order. */
+static int add_model(PyObject *u, PyObject *const *c, PyObject *cost) {
+    int j;
+    if (slot_add(u, off_u[U_MODEL_CALLS], k_one) < 0) return -1;
+    for (j = 0; j < 4; j++)
+        if (slot_add(u, off_u[U_IN + j], c[j]) < 0) return -1;
+    return cost == Py_None ? 0 : add_cost(u, cost);
+}
+
+/* budget_model_call(budget, also, input, output, reasoning, cached, cost) -> seq | None:
+ * Budget.record_model_call(...) of plain counts (exact ints >= 0) and a plain cost (None or
+ * an exact finite float >= 0), then the same usage added to `also`. */
+static PyObject *sp_budget_model_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *usages, *b, *cost;
+    Py_ssize_t i;
+    int j;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "budget_model_call() takes 7 arguments");
+        return NULL;
+    }
+    for (j = 2; j < 6; j++)
+        if (!plain_count(args[j])) Py_RETURN_NONE;
+    cost = args[6];
+    if (cost != Py_None) {
+        double c;
+        if (!PyFloat_CheckExact(cost)) Py_RETURN_NONE;
+        c = PyFloat_AS_DOUBLE(cost);
+        if (!(c >= 0.0 && c < Py_HUGE_VAL)) Py_RETURN_NONE;
+    }
+    b = args[0];
+    usages = usages_of(b, args[1]);
+    if (usages == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (slot_add(b, off_b[B_SEQ], k_one) < 0) return NULL;
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++)
+        if (add_model(PyTuple_GET_ITEM(usages, i), args + 2, cost) < 0) return NULL;
+    if (add_model(args[1], args + 2, cost) < 0) return NULL;
+    return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
+/* budget_tool_calls(budget, also, n, attempts) -> seq | None:
+ * Budget.record_tool_calls(n, attempts=attempts) of exact ints >= 0 and no cost, then
+ * also.tool_calls += n and also.tool_attempts += attempts. */
+static PyObject *sp_budget_tool_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *usages, *b, *u;
+    Py_ssize_t i;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "budget_tool_calls() takes 4 arguments");
+        return NULL;
+    }
+    if (!plain_count(args[2]) || !plain_count(args[3])) Py_RETURN_NONE;
+    b = args[0];
+    usages = usages_of(b, args[1]);
+    if (usages == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(usages); i++) {
+        u = PyTuple_GET_ITEM(usages, i);
+        if (slot_add(u, off_u[U_TOOLS], args[2]) < 0 || slot_add(u, off_u[U_ATTEMPTS], args[3]) < 0)
+            return NULL;
+    }
+    if (slot_add(b, off_b[B_SEQ], k_one) < 0 || slot_add(args[1], off_u[U_TOOLS], args[2]) < 0 ||
+        slot_add(args[1], off_u[U_ATTEMPTS], args[3]) < 0)
+        return NULL;
+    return Py_NewRef(SLOT(b, off_b[B_SEQ]));
+}
+
+/* 1 when `a op b` (Python's comparison), 0 when not, -1 on error. */
+static int cmp(PyObject *a, PyObject *b, int op) { return PyObject_RichCompareBool(a, b, op); }
+
+/* Budget._elapsed_locked(): a new reference, or NULL. */
+static PyObject *elapsed_of(PyObject *b, PyObject *limits) {
+    PyObject *now, *freezes, *x, *paused, *y;
+    int f;
+    now = PyObject_CallNoArgs(SLOT(b, off_b[B_CLOCK]));
+    if (now == NULL) return NULL;
+    freezes = PyObject_GetAttr(limits, s_freezes);
+    f = freezes == NULL ? -1 : PyObject_IsTrue(freezes);
+    Py_XDECREF(freezes);
+    if (f < 0) goto fail;
+    x = PyNumber_Subtract(now, SLOT(b, off_b[B_STARTED]));
+    if (x == NULL) goto fail;
+    if (f) {
+        paused = Py_NewRef(SLOT(b, off_b[B_PAUSED_TOTAL]));
+        if (SLOT(b, off_b[B_PAUSED_AT]) != Py_None) {
+            PyObject *d = PyNumber_Subtract(now, SLOT(b, off_b[B_PAUSED_AT]));
+            y = d == NULL ? NULL : PyNumber_InPlaceAdd(paused, d);
+            Py_XDECREF(d);
+            Py_DECREF(paused);
+            paused = y;
+        }
+        y = paused == NULL ? NULL : PyNumber_Subtract(x, paused);
+        Py_XDECREF(paused);
+        Py_DECREF(x);
+        x = y;
+        if (x == NULL) goto fail;
+    }
+    Py_DECREF(now);
+    f = cmp(x, k_zero_f, Py_GT); /* max(0.0, x) */
+    if (f < 0) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    if (!f) Py_SETREF(x, Py_NewRef(k_zero_f));
+    return x;
+fail:
+    Py_DECREF(now);
+    return NULL;
+}
+
+/* The check of Escalations._quiet_locked(rank) with the budget's current trigger points:
+ * 1 quiet, 0 not (or not known here), -1 error. */
+static int quiet_of(PyObject *b, PyObject *rank) {
+    PyObject *limits = SLOT(b, off_b[B_LIMITS]), *t = SLOT(b, off_b[B_TRIG]), *tr[NTR];
+    PyObject *u = SLOT(b, off_b[B_USAGE]), *r = SLOT(b, off_b[B_RESERVED]), *tokens = NULL;
+    PyObject *deadline = NULL, *elapsed = NULL;
+    int i, rc = 0, c;
+    if (!limits || !t || !u || !r || !Py_IS_TYPE(u, k_usage) || !Py_IS_TYPE(r, k_usage))
+        return 0;
+    for (i = 0; i < NTR; i++) tr[i] = NULL;
+    for (i = 0; i < NTR; i++)
+        if ((tr[i] = PyObject_GetAttr(t, s_tr[i])) == NULL) goto done;
+    /* stale trigger points (other limits or rank): the method recomputes them */
+    if (tr[TR_LIMITS] != limits || (c = cmp(tr[TR_RANK], rank, Py_EQ)) <= 0) goto done;
+    tokens = PyNumber_Add(SLOT(u, off_u[U_IN]), SLOT(u, off_u[U_OUT]));
+    if (tokens == NULL) goto done;
+#define FIRES(x, y) ((c = cmp((x), (y), Py_GE)) != 0) /* true on error too */
+    if (FIRES(SLOT(u, off_u[U_STEPS]), tr[TR_STEPS]) ||
+        FIRES(SLOT(u, off_u[U_MODEL_CALLS]), tr[TR_MODEL_CALLS]) ||
+        FIRES(tokens, tr[TR_TOKENS]) || FIRES(SLOT(u, off_u[U_TOOLS]), tr[TR_TOOL_CALLS]))
+        goto done;
+    if ((c = cmp(tr[TR_TOKENS_RESERVE], k_inf, Py_NE)) != 0) {
+        PyObject *held;
+        if (c < 0) goto done;
+        held = PyNumber_Add(SLOT(r, off_u[U_IN]), SLOT(r, off_u[U_OUT]));
+        if (held == NULL) goto done;
+        Py_SETREF(held, PyNumber_Add(tokens, held));
+        if (held == NULL) goto done;
+        c = cmp(held, tr[TR_TOKENS_RESERVE], Py_GE);
+        Py_DECREF(held);
+        if (c != 0) goto done;
+    }
+    if (SLOT(u, off_u[U_COST]) != Py_None && FIRES(SLOT(u, off_u[U_COST]), tr[TR_COST])) goto done;
+    deadline = PyObject_GetAttr(limits, s_deadline);
+    if (deadline == NULL) goto done;
+    if (deadline == Py_None) { /* then the clock cannot make anything fire: not read */
+        rc = 1;
+        goto done;
+    }
+    elapsed = elapsed_of(b, limits);
+    if (elapsed == NULL) goto done;
+    if (FIRES(elapsed, tr[TR_ELAPSED]) || FIRES(elapsed, tr[TR_ELAPSED_RESERVE])) goto done;
+    rc = 1;
+#undef FIRES
+done:
+    for (i = 0; i < NTR; i++) Py_XDECREF(tr[i]);
+    Py_XDECREF(tokens);
+    Py_XDECREF(deadline);
+    Py_XDECREF(elapsed);
+    if (PyErr_Occurred()) return -1;
+    return rc;
+}
+
+/* budget_quiet(budget, rank) -> True | None: True when Budget.escalation(above=<the action of
+ * rank>) without a loop verdict is None for certain, by the check of _quiet_locked() on the
+ * budget's trigger points as they are; None when that needs the method (its lock held, its
+ * trigger points for other limits or another rank, a check that may fire). */
+static PyObject *sp_budget_quiet(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *b, *lock, *held;
+    int rc;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "budget_quiet() takes 2 arguments");
+        return NULL;
+    }
+    b = args[0];
+    if (k_budget == NULL || !Py_IS_TYPE(b, k_budget) || !PyLong_CheckExact(args[1]))
+        Py_RETURN_NONE;
+    for (rc = 0; rc < NB; rc++)
+        if (SLOT(b, off_b[rc]) == NULL) Py_RETURN_NONE;
+    lock = SLOT(b, off_b[B_LOCK]);
+    held = PyObject_CallMethodNoArgs(lock, s_locked);
+    if (held == NULL) return NULL;
+    Py_DECREF(held);
+    if (held != Py_False) Py_RETURN_NONE;
+    rc = quiet_of(b, args[1]);
+    if (rc < 0) return NULL;
+    if (rc) Py_RETURN_TRUE;
+    Py_RETURN_NONE;
+}
+
+/* The detector's rings and window when it is exactly a bound LoopDetector whose rings match
+ * its settings (else 0: the Python method handles it). */
+static int loop_rings(PyObject *d, Py_buffer *va, Py_buffer *vr, Py_ssize_t *w, Py_ssize_t *k) {
+    PyObject *settings, *v;
+    if (k_loop == NULL || !Py_IS_TYPE(d, k_loop)) return 0;
+    settings = SLOT(d, off_l[L_SETTINGS]);
+    if (settings == NULL || SLOT(d, off_l[L_N]) == NULL || !PyLong_CheckExact(SLOT(d, off_l[L_N])))
+        return 0;
+    v = PyObject_GetAttr(settings, s_window);
+    if (v == NULL) return -1;
+    *w = PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
+    Py_DECREF(v);
+    v = PyObject_GetAttr(settings, s_threshold);
+    if (v == NULL) return -1;
+    *k = PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
+    Py_DECREF(v);
+    if (PyErr_Occurred()) return -1;
+    if (*w < 2 || *k < 2) return 0;
+    if (SLOT(d, off_l[L_ACTS]) == NULL || SLOT(d, off_l[L_RES]) == NULL) return 0;
+    if (PyObject_GetBuffer(SLOT(d, off_l[L_ACTS]), va, PyBUF_WRITABLE) < 0) return -1;
+    if (PyObject_GetBuffer(SLOT(d, off_l[L_RES]), vr, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(va);
+        return -1;
+    }
+    if (va->len != 8 * *w || vr->len != 8 * *w) {
+        PyBuffer_Release(va);
+        PyBuffer_Release(vr);
+        return 0;
+    }
+    return 1;
+}
+
+/* loop_observe(detector, action, result) -> bool | None: LoopDetector.observe_action()'s
+ * first half, as observe() above on the detector's own rings, with its call count advanced:
+ * True when no pattern can fire (the verdict is CONTINUE), False when the caller must finish
+ * with detector.judge_last(). None, with nothing written: the method handles it. */
+static PyObject *sp_loop_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer va, vr;
+    Py_ssize_t w, k, slot, n;
+    uint64_t a, r = 0;
+    PyObject *result, *d, *nobj, *next;
+    int rc, quiet;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "loop_observe() takes 3 arguments");
+        return NULL;
+    }
+    d = args[0];
+    result = args[2];
+    if (!hex64(args[1], &a)) Py_RETURN_NONE;
+    if (result != Py_None && !(PyUnicode_CheckExact(result) && PyUnicode_GET_LENGTH(result) == 0))
+        if (!hex64(result, &r)) Py_RETURN_NONE;
+    rc = loop_rings(d, &va, &vr, &w, &k);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    nobj = SLOT(d, off_l[L_N]);
+    n = PyLong_AsSsize_t(nobj);
+    next = n < 0 ? NULL : PyNumber_Add(nobj, k_one);
+    if (next == NULL) {
+        PyBuffer_Release(&va);
+        PyBuffer_Release(&vr);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    slot = n % w;
+    memcpy((char *)va.buf + 8 * slot, &a, 8);
+    memcpy((char *)vr.buf + 8 * slot, &r, 8);
+    quiet = quiet_window(va.buf, vr.buf, w, slot, a, r, k - 1, k + 1);
+    PyBuffer_Release(&va);
+    PyBuffer_Release(&vr);
+    SLOT(d, off_l[L_N]) = next;
+    Py_DECREF(nobj);
+    return PyBool_FromLong(quiet);
+}
+
+/* loop_end_step(detector, state, progress) -> verdict | None: LoopDetector.end_step() when
+ * the step says nothing (no state, no progress signal: CONTINUE, nothing changes) or reports
+ * progress without a state (the stale count restarts and the facts grew at this call count,
+ * within the kept bits). None, with nothing changed, for every other step. */
+static PyObject *sp_loop_end_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *d, *n, *goff, *gbits, *acts, *b, *bit, *merged;
+    Py_ssize_t width;
+    long long bv;
+    int over;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "loop_end_step() takes 3 arguments");
+        return NULL;
+    }
+    d = args[0];
+    if (k_loop == NULL || !Py_IS_TYPE(d, k_loop) || args[1] != Py_None) Py_RETURN_NONE;
+    if (args[2] == Py_None) return Py_NewRef(k_ok);
+    if (args[2] != Py_True) Py_RETURN_NONE;
+    n = SLOT(d, off_l[L_N]);
+    goff = SLOT(d, off_l[L_GOFF]);
+    gbits = SLOT(d, off_l[L_GBITS]);
+    acts = SLOT(d, off_l[L_ACTS]);
+    if (!n || !goff || !gbits || !acts || !PyLong_CheckExact(n) || !PyLong_CheckExact(goff) ||
+        !PyLong_CheckExact(gbits) || SLOT(d, off_l[L_STALE]) == NULL)
+        Py_RETURN_NONE;
+    width = PyObject_Length(acts);
+    if (width < 0) return NULL;
+    bv = PyLong_AsLongLongAndOverflow(n, &over);
+    if (!over) {
+        long long g = PyLong_AsLongLongAndOverflow(goff, &over);
+        bv -= g;
+    }
+    if (over || PyErr_Occurred() || bv >= 2 * (long long)width) Py_RETURN_NONE; /* _grown() */
+    if (bv < 0) Py_RETURN_NONE;
+    b = PyLong_FromLongLong(bv);
+    if (b == NULL) return NULL;
+    bit = PyNumber_Lshift(k_one, b);
+    Py_DECREF(b);
+    if (bit == NULL) return NULL;
+    merged = PyNumber_Or(gbits, bit);
+    Py_DECREF(bit);
+    if (merged == NULL) return NULL;
+    slot_set(d, off_l[L_STALE], k_zero);
+    SLOT(d, off_l[L_GBITS]) = merged;
+    Py_DECREF(gbits);
+    return Py_NewRef(k_ok);
+}
+
+/* forecast_observe(forecaster, step_index, input_tokens) -> True | None: Forecaster.observe()
+ * of an exact int step_index >= 1 and exact int input_tokens >= 0 (None: the method, which
+ * raises, handles anything else). The sums are Python floats: float + int converts the int
+ * as PyLong_AsDouble does, so the doubles here are the ones Python computes (no fused
+ * multiply-add: each product is stored before it is added). */
+static PyObject *sp_forecast_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *f, *idx, *tok, *v[NF], *nv[NF];
+    volatile double x, t, xx, xy; /* volatile: rounded to double at each step, as in Python */
+    long long ix;
+    int i, over;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "forecast_observe() takes 3 arguments");
+        return NULL;
+    }
+    f = args[0], idx = args[1], tok = args[2];
+    if (k_forecaster == NULL || !Py_IS_TYPE(f, k_forecaster) || !PyLong_CheckExact(idx) ||
+        !plain_count(tok))
+        Py_RETURN_NONE;
+    ix = PyLong_AsLongLongAndOverflow(idx, &over);
+    if (over || ix < 1 || ix > (1LL << 53)) Py_RETURN_NONE; /* float(ix - 1) is exact below */
+    for (i = 0; i < NF; i++) {
+        v[i] = SLOT(f, off_f[i]);
+        if (v[i] == NULL) Py_RETURN_NONE;
+    }
+    if (!PyLong_CheckExact(v[F_N]) || !PyLong_CheckExact(v[F_LAST]) ||
+        !PyFloat_CheckExact(v[F_SX]) || !PyFloat_CheckExact(v[F_SY]) ||
+        !PyFloat_CheckExact(v[F_SXX]) || !PyFloat_CheckExact(v[F_SXY]))
+        Py_RETURN_NONE;
+    t = PyLong_AsDouble(tok);
+    if (t == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+        PyErr_Clear(); /* Python raises OverflowError there too: the method's to answer */
+        Py_RETURN_NONE;
+    }
+    x = (double)(ix - 1);
+    xx = x * x;
+    xy = x * t;
+    nv[F_N] = PyNumber_Add(v[F_N], k_one);
+    nv[F_SX] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SX]) + x);
+    nv[F_SY] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SY]) + t);
+    nv[F_SXX] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SXX]) + xx);
+    nv[F_SXY] = PyFloat_FromDouble(PyFloat_AS_DOUBLE(v[F_SXY]) + xy);
+    over = PyObject_RichCompareBool(idx, v[F_LAST], Py_GT); /* max(last, idx) keeps last */
+    nv[F_LAST] = over > 0 ? Py_NewRef(idx) : Py_NewRef(v[F_LAST]);
+    if (over < 0 || !nv[F_N] || !nv[F_SX] || !nv[F_SY] || !nv[F_SXX] || !nv[F_SXY]) {
+        for (i = 0; i < NF; i++) Py_XDECREF(nv[i]);
+        return NULL;
+    }
+    for (i = 0; i < NF; i++) {
+        SLOT(f, off_f[i]) = nv[i];
+        Py_DECREF(v[i]);
+    }
+    Py_RETURN_TRUE;
+}
+
+#endif
