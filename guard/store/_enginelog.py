@@ -59,12 +59,19 @@ def forget_uncommitted_blocks(engine_dir: Path) -> int:
             # data/{db}/{table} links to store/xxx/{uuid} (Atomic) or is the table (Ordinary)
             names = {p.resolve(): f"{p.parent.name}.{p.name}" for p in engine_dir.glob("data/*/*")}
             tables = {p.parent.resolve() for p in engine_dir.glob("*/*/*/deduplication_logs")}
-            tmp = engine_dir / "tmp"
-            return sum(_forget_in_table(t, names.get(t, t.name), tmp) for t in sorted(tables))
+            return sum(_forget_safely(t, names.get(t, t.name), engine_dir) for t in sorted(tables))
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _forget_safely(table_dir: Path, table: str, engine_dir: Path) -> int:
+    try:
+        return _forget_in_table(table_dir, table, engine_dir / "tmp")
+    except OSError as ex:  # never keep the guard from starting: the replay works as before
+        log.warning("store: could not check the deduplication log of %s (%s)", table, ex)
+        return 0
 
 
 def _forget_in_table(table_dir: Path, table: str, tmp_dir: Path) -> int:

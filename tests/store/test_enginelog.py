@@ -65,3 +65,11 @@ def test_leaves_the_files_alone_when_it_cannot_be_sure(tmp_path: Path) -> None:
     (engine / "status").unlink()  # the engine shut down cleanly: nothing can be orphaned
     assert forget_uncommitted_blocks(engine) == 0
     assert path.read_bytes() == _LOG
+
+
+def test_an_unreadable_log_is_logged_and_skipped(tmp_path: Path, caplog) -> None:
+    engine, path = _engine(tmp_path)
+    path.unlink()
+    path.mkdir()  # reading it raises IsADirectoryError: the store must still open
+    assert forget_uncommitted_blocks(engine) == 0
+    assert "could not check the deduplication log of otel_guard.runs" in caplog.text
