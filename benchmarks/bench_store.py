@@ -16,7 +16,8 @@ earlier rounds fall on every variant alike; median of the rounds):
 - ``floor_prebuilt``: the same inserts of rows built before the clock starts (the strictest
   floor: it skips even reading the ``Outcome``s).
 Each reports wall time and the process's CPU time (all threads, the engine's included): the
-CPU figure is the steadier one on a shared machine.
+CPU figure is the steadier one on a shared machine. ``--gc guard`` (the default) runs them
+with the collector tuned as in ``otel-guard serve``, the process the store lives in.
 
 ``dedup``: the cost of the exactly-once check per 10k-record batch with 1M runs already stored
 (the committed-run-id filter plus the ClickHouse lookup of what it cannot rule out, next to
@@ -42,6 +43,7 @@ import uuid
 from pathlib import Path
 
 from guard.policy._types import REASON_STATUS, DecidedBy, Outcome, Reason
+from guard.server._gc import bound_gc_pauses
 from guard.store import open_store
 from guard.store._dedup import CommittedRuns
 from guard.store._schema import RUN_COLUMNS, migrate
@@ -367,12 +369,22 @@ def main() -> int:
     ap.add_argument("--batch-rows", type=int, default=10_000, help="the writer's batch size")
     ap.add_argument("--skip-queries", action="store_true")
     ap.add_argument("--skip-dedup", action="store_true")
+    ap.add_argument(
+        "--gc",
+        choices=("guard", "default"),
+        default="guard",
+        help="guard: the collector as `otel-guard serve` sets it (server/_gc.py), where the "
+        "store runs; default: Python's thresholds (both apply to every variant alike)",
+    )
     args = ap.parse_args()
+    if args.gc == "guard":
+        bound_gc_pauses()
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         result = {
             "benchmark": "store",
             "engine": "chdb (embedded ClickHouse) via clickhouse-connect",
             "cpus": os.cpu_count(),
+            "gc": args.gc,
             "ingest": bench_ingest(Path(tmp), args.runs, args.batch_rows, args.trials),
         }
         if not args.skip_dedup:

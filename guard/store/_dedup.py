@@ -50,12 +50,19 @@ class RunIdFilter:
         self._layers.append((np.zeros(m >> 3, dtype=np.uint8), m - 1, capacity))
         self._count = 0
 
-    def _positions(self, keys: list[str], mask: int) -> np.ndarray:
+    def _cells(self, keys: list[str], mask: int) -> tuple[np.ndarray, np.ndarray]:
+        """(byte index, bit within the byte) of each key's K bits, each of shape (n, K).
+
+        The byte index is ``intp`` and the bit a ``uint8``: with those types ``ufunc.at``
+        takes numpy's fast path (10x the uint64 indices it was given before).
+        """
         h = np.fromiter(map(hash, keys), dtype=np.int64, count=len(keys)).view(np.uint64)
         a = h & np.uint64(0xFFFFFFFF)
         b = (h >> np.uint64(32)) | np.uint64(1)
         steps = np.arange(self._K, dtype=np.uint64)
-        return (a[:, None] + steps[None, :] * b[:, None]) & np.uint64(mask)
+        pos = (a[:, None] + steps[None, :] * b[:, None]) & np.uint64(mask)
+        byte = (pos >> np.uint64(3)).astype(np.intp)
+        return byte, np.left_shift(np.uint8(1), (pos & np.uint64(7)).astype(np.uint8))
 
     @property
     def nbytes(self) -> int:
@@ -68,10 +75,8 @@ class RunIdFilter:
         if self._count + len(keys) > capacity:
             self._add_layer(max(capacity * 2, len(keys)))
             bits, mask, capacity = self._layers[-1]
-        pos = self._positions(keys, mask).ravel()
-        np.bitwise_or.at(
-            bits, pos >> np.uint64(3), np.left_shift(1, pos & np.uint64(7)).astype(np.uint8)
-        )
+        byte, bit = self._cells(keys, mask)
+        np.bitwise_or.at(bits, byte.ravel(), bit.ravel())
         self._count += len(keys)
 
     def maybe(self, keys: list[str]) -> list[str]:
@@ -80,38 +85,43 @@ class RunIdFilter:
             return []
         hit = np.zeros(len(keys), dtype=bool)
         for bits, mask, _ in self._layers:
-            pos = self._positions(keys, mask)
-            hit |= ((bits[pos >> np.uint64(3)] >> (pos & np.uint64(7)).astype(np.uint8)) & 1).all(
-                axis=1
-            )
+            byte, bit = self._cells(keys, mask)
+            hit |= (bits[byte] & bit).all(axis=1)
         return [keys[i] for i in np.flatnonzero(hit)]
 
 
 class RecentIds:
     """The run ids this process claimed most recently: at least the last ``capacity``.
 
-    Kept as one set per batch, so a batch with no repeat is ruled out by a few C-level
-    ``isdisjoint`` calls and forgetting the oldest ids drops a whole set.
+    One set of them all, so a batch with no repeat is ruled out by one C-level ``isdisjoint``
+    (one lookup per id; a set per batch cost one per id and batch), and the ids of each
+    ``add``, oldest first, each id in the set of the add that brought it last: forgetting the
+    oldest add is one set difference.
     """
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._sets: deque[set[str]] = deque()
-        self._count = 0
+        self._all: set[str] = set()
+        self._adds: deque[set[str]] = deque()
 
     def __contains__(self, run_id: str) -> bool:
-        return any(run_id in s for s in self._sets)
+        return run_id in self._all
 
     def isdisjoint(self, ids: list[str]) -> bool:
-        return all(s.isdisjoint(ids) for s in self._sets)
+        return self._all.isdisjoint(ids)
 
     def add(self, ids: list[str]) -> None:
         if not ids:
             return
-        self._sets.append(set(ids))
-        self._count += len(self._sets[-1])
-        while self._count - len(self._sets[0]) >= self._capacity:
-            self._count -= len(self._sets.popleft())
+        batch = set(ids)
+        again = batch & self._all
+        if again:  # brought again (the writer never does): it belongs to this add now
+            for older in self._adds:
+                older -= again
+        self._all |= batch
+        self._adds.append(batch)
+        while len(self._all) - len(self._adds[0]) >= self._capacity:
+            self._all -= self._adds.popleft()
 
 
 class CommittedRuns:

@@ -16,6 +16,7 @@ from guard.errors import ConfigError, StoreError
 from guard.policy._types import Outcome
 from guard.store._claims import DEFAULT_CLAIM_TTL_S, RecordClaims, holder_id
 from guard.store._dsn import Dsn, connect, parse_dsn
+from guard.store._enginelog import forget_uncommitted_blocks
 from guard.store._records import DecisionRecord
 from guard.store._reporting import Report, query_report
 from guard.store._rows import dead_letter_row, decision_row, encode_row, run_line
@@ -134,6 +135,9 @@ class Store:
             if redis_url is not None:  # connects lazily: a Redis down at start is not fatal
                 holder = holder_id(base, guard_id)
                 self.claims = RecordClaims(redis_url, holder, ttl_s=claim_ttl_s)
+            if dsn.embedded:  # the engine died with us? then its dedup log may lie (see module)
+                assert dsn.path is not None
+                forget_uncommitted_blocks(dsn.path)
             client = self._connect_writer(at_open=True)
         except Exception as ex:
             self._release()
