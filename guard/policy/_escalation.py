@@ -17,6 +17,7 @@ full evaluation out. The tests hold these methods to ``decide()`` (tests/policy)
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,7 @@ _STOP_RANK = Action.STOP.rank
 _SLACK = 1e-9
 _NEVER = math.inf
 _ALWAYS = -math.inf
+_TINY = math.ulp(0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,11 @@ def _fraction(limit: float | None, fraction: float) -> float:
         return _NEVER
     if not (limit > 0 and fraction > 0) or not math.isfinite(fraction):
         return _ALWAYS  # 0 limits, 0/negative/NaN thresholds: leave it all to decide()
-    return fraction * limit * (1.0 - _SLACK)
+    point = fraction * limit * (1.0 - _SLACK)
+    # A product in the subnormal range has lost the precision the slack relies on (and may
+    # be 0, which usage 0 would "reach"): the smallest positive float is below the true
+    # point, and still lets an unused budget pass.
+    return point if point >= sys.float_info.min else _TINY
 
 
 def triggers(limits: Limits, rank: int) -> Triggers:

@@ -234,3 +234,15 @@ def test_every_metric_utilisation_names_has_its_reason() -> None:
         assert d is not None and d.action is Action.WARN and d.metric == metric
         assert d.reason is METRIC_REASON[metric]
     assert set(METRIC_REASON) == set(cases)
+
+
+@pytest.mark.parametrize("limit", [5e-324, 1e-310, 2.2e-308])
+def test_a_subnormal_trigger_point_still_lets_an_unused_budget_pass(limit: float) -> None:
+    """fraction * limit underflowing to 0 made an unused budget look reached: the fast path
+    then refused a step that decide() lets through (found by hypothesis at deadline 5e-324)."""
+    for field in ("deadline_s", "max_cost_usd"):
+        lim = Limits(**{field: limit}, soft_thresholds=(0.5, 0.9))
+        clock = _Clock()
+        fused, ref = Budget(lim, clock=clock), Budget(lim, clock=clock)
+        assert _expected(ref, Phase.BEFORE_STEP, None, 0) is None
+        assert fused.step_if_no_escalation(0) == ref.record_step() == 1
