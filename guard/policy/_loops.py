@@ -70,6 +70,14 @@ _pack = Struct("=Q").pack  # one ring slot as bytes (native order, like array("Q
 _PRIORITY = {"exact_repeat": 0, "cycle": 1, "repeat_in_window": 2, "same_result": 3}
 
 
+_DEFAULT_SETTINGS = LoopSettings()
+# id -> the LoopSettings that passed LoopDetector's check. The entry holds the object, so its
+# id is not reused while cached; bounded because settings come from code and policy, a few
+# per process (like the escalation triggers' cache).
+_CHECKED: dict[int, LoopSettings] = {}
+_CHECKED_MAX = 1024
+
+
 class LoopDetector:
     """Per-run loop and stagnation detector. Not thread-safe: one caller per run."""
 
@@ -88,12 +96,20 @@ class LoopDetector:
     )
 
     def __init__(self, settings: LoopSettings | None = None) -> None:
-        self.settings = settings if settings is not None else LoopSettings()
-        for name in ("window", "repeat_threshold", "no_progress_steps"):
-            v = getattr(self.settings, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
-                raise ConfigError(f"must be an integer >= 2, got {v!r}", path=f"loop.{name}")
-        w = self.settings.window
+        if settings is None:
+            settings = _DEFAULT_SETTINGS
+        # Settings objects are checked once each, not once per run: the guard and the SDK
+        # build every run's detector from the same few (frozen) LoopSettings of their limits.
+        if _CHECKED.get(id(settings)) is not settings:
+            for name in ("window", "repeat_threshold", "no_progress_steps"):
+                v = getattr(settings, name)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                    raise ConfigError(f"must be an integer >= 2, got {v!r}", path=f"loop.{name}")
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[id(settings)] = settings
+        self.settings = settings
+        w = settings.window
         self._acts = array("Q", bytes(8 * w))
         self._res = array("Q", bytes(8 * w))
         # Where the facts grew: bit ``b - _goff`` is set when they grew after call count ``b``.

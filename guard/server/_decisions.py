@@ -221,9 +221,17 @@ class DecisionRouter(RunPart):
             self.issue(run, "warn", reason, verdict.detail, d.utilisation, d.metric)
 
     def check_deadline(self, run: RunState) -> None:
-        """Heartbeat path: only the clock moved, so only time-based limits can fire."""
+        """Heartbeat path: only the clock moved, so only time-based limits can fire.
+
+        The same as ``act(run, budget.decide(AFTER_TOOL_BATCH))``, without the full decide()
+        when nothing fires: act() does something only for a decision that outranks the
+        run's soft level (a STOP always does; SoftLevel pushes each level once), and
+        ``escalation(above=level)`` returns exactly decide()'s decision in that case and None
+        otherwise (tests/server/test_heartbeat_deadline.py holds it to the old path)."""
         if run.stop_reason is None and run.budget.limits.deadline_s is not None:
-            self.act(run, run.budget.decide(phase=Phase.AFTER_TOOL_BATCH))
+            d = run.budget.escalation(phase=Phase.AFTER_TOOL_BATCH, above=run.soft.level)
+            if d is not None:
+                self.act(run, d)
 
     def forecast(self, run: RunState, step_index: int) -> None:
         limits = run.budget.limits
