@@ -23,9 +23,9 @@ with the collector tuned as in ``otel-guard serve``, the process the store lives
 
 ``run_line``: the WAL line of a ``runs`` row alone, native (``_rowsnative``) against the
 Python fast path, CPU per record. ``dedup``: the cost of the exactly-once check per 10k-record
-batch with 1M runs already stored (the committed-run-id filter plus the ClickHouse lookup of what it cannot rule out, next to
-asking ClickHouse about every id). ``queries``: the p95 of the report and dashboard-style
-queries over 1M seeded runs.
+batch with 1M runs already stored (the committed-run-id filter plus the ClickHouse lookup of
+what it cannot rule out, next to asking ClickHouse about every id). ``queries``: the p95 of
+the report and dashboard-style queries over 1M seeded runs.
 
     python benchmarks/bench_store.py [--runs 200000] [--trials 5] [--seed-runs 1000000]
 """

@@ -197,13 +197,8 @@ line(PyObject *Py_UNUSED(module), PyObject *fields)
                 break;
             /* fall through */
         case 'S':
-            if (!PyUnicode_CheckExact(v))
-                Py_RETURN_NONE;
-            if (add_str_bound(v, &bound) < 0)
-                goto refuse;
-            break;
         case 'N':
-            if (!is_name(v))
+            if (SPEC[i] == 'N' ? !is_name(v) : !PyUnicode_CheckExact(v))
                 Py_RETURN_NONE;
             if (add_str_bound(v, &bound) < 0)
                 goto refuse;
