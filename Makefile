@@ -3,11 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # Keyed on what the install builds from: pyproject.toml and the native fast paths' C source.
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c | cksum | cut -d' ' -f1)
 
 .PHONY: demo test lint format bench proto clean
 
-$(STAMP): pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h
+$(STAMP): pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing otel-guard and its dependencies into $(VENV) (first run takes a few minutes)"
 	$(PY) -m pip install --upgrade --progress-bar on pip

@@ -7,6 +7,8 @@ earlier rounds fall on every variant alike; median of the rounds):
 - ``store``: ``write_run`` of ``Outcome``s (row building, WAL append, batching, WAL fsync per
   batch, the exactly-once check, token-deduplicated inserts), timed until ``flush`` returns,
   i.e. every row is committed and queryable;
+- ``store_python_line``: the same with the WAL line formatted by the Python fast path
+  (``_rows._py_line``) instead of the native one (``_rowsnative``): the native's baseline;
 - ``store_no_check``: the same with the exactly-once check (in-memory recent ids, the
   committed-run-id filter and its ClickHouse lookups) swapped out, to show the check's cost;
 - ``floor``: the same ``Outcome``s inserted 10k per call with ``client.insert`` (Native
@@ -19,10 +21,11 @@ Each reports wall time and the process's CPU time (all threads, the engine's inc
 CPU figure is the steadier one on a shared machine. ``--gc guard`` (the default) runs them
 with the collector tuned as in ``otel-guard serve``, the process the store lives in.
 
-``dedup``: the cost of the exactly-once check per 10k-record batch with 1M runs already stored
-(the committed-run-id filter plus the ClickHouse lookup of what it cannot rule out, next to
-asking ClickHouse about every id). ``queries``: the p95 of the report and dashboard-style
-queries over 1M seeded runs.
+``run_line``: the WAL line of a ``runs`` row alone, native (``_rowsnative``) against the
+Python fast path, CPU per record. ``dedup``: the cost of the exactly-once check per 10k-record
+batch with 1M runs already stored (the committed-run-id filter plus the ClickHouse lookup of
+what it cannot rule out, next to asking ClickHouse about every id). ``queries``: the p95 of
+the report and dashboard-style queries over 1M seeded runs.
 
     python benchmarks/bench_store.py [--runs 200000] [--trials 5] [--seed-runs 1000000]
 """
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from guard.policy._types import REASON_STATUS, DecidedBy, Outcome, Reason
 from guard.server._gc import bound_gc_pauses
-from guard.store import open_store
+from guard.store import _rows, open_store
 from guard.store._dedup import CommittedRuns
 from guard.store._schema import RUN_COLUMNS, migrate
 
@@ -98,7 +101,7 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-_VARIANTS = ["store", "store_no_check", "floor", "floor_prebuilt"]
+_VARIANTS = ["store", "store_python_line", "store_no_check", "floor", "floor_prebuilt"]
 
 
 class _NoCheck:
@@ -179,8 +182,14 @@ def bench_ingest(data_dir: Path, n: int, batch_rows: int, trials: int) -> dict:
                 recs = outcomes(n, now, prefix=f"{variant}-{t}")
                 if variant.startswith("floor"):
                     wall, cpu = _time_floor(client, recs, prebuilt=variant == "floor_prebuilt")
-                else:
-                    wall, cpu, acc, caller, writer = _time_store(store, recs, variant == "store")
+                else:  # store_python_line: the WAL line by _rows._py_line (the native's baseline)
+                    native = _rows.use_native(variant != "store_python_line")
+                    try:
+                        wall, cpu, acc, caller, writer = _time_store(
+                            store, recs, variant != "store_no_check"
+                        )
+                    finally:
+                        _rows.use_native(native)
                     if variant == "store":
                         accept_us.append(acc / n * 1e6)
                         split["caller_thread"].append(caller)
@@ -190,7 +199,7 @@ def bench_ingest(data_dir: Path, n: int, batch_rows: int, trials: int) -> dict:
                 samples[variant]["cpu_s"].append(cpu)
         stored = int(store.query("SELECT count() FROM otel_guard.runs")[0][0])
         distinct = int(store.query("SELECT uniqExact(run_id) FROM otel_guard.runs")[0][0])
-        assert stored == distinct == 2 * n * trials, (stored, distinct)
+        assert stored == distinct == 3 * n * trials, (stored, distinct)
         floor = int(store.query("SELECT uniqExact(run_id) FROM otel_guard_floor.runs")[0][0])
         assert floor == 2 * n * trials, floor
 
@@ -226,6 +235,16 @@ def bench_ingest(data_dir: Path, n: int, batch_rows: int, trials: int) -> dict:
             statistics.median(ratios("store", "floor_prebuilt", "cpu_s")), 3
         ),
         "ratio_of_medians_vs_native_floor": round(floor_wall / store_wall, 3),
+        # the native WAL line (_rowsnative): python-line store time / store time, per trial
+        "native_line_speedup_median": round(
+            statistics.median(ratios("store", "store_python_line", "wall_s")), 3
+        ),
+        "native_line_speedup_cpu_median": round(
+            statistics.median(ratios("store", "store_python_line", "cpu_s")), 3
+        ),
+        "python_line_ratio_vs_native_floor": round(
+            statistics.median(ratios("store_python_line", "floor", "wall_s")), 3
+        ),
         # the exactly-once check: store time / store-without-check time, and its share
         "check_cost_ratio_median": round(statistics.median(check_wall), 3),
         "check_cost_ratio_per_trial": check_wall,
@@ -360,6 +379,29 @@ def bench_dedup(data_dir: Path, seed: int, batches: int = 10, batch: int = 10_00
     }
 
 
+def bench_run_line(n: int, trials: int) -> dict:
+    """``run_line`` alone (the WAL line of a ``runs`` row), native against ``_py_line``,
+    interleaved over the trials: CPU microseconds per record of the calling thread."""
+    recs = outcomes(n, time.time(), prefix="line")
+    samples: dict[str, list[float]] = {"native": [], "python": []}
+    for _ in range(trials):
+        for name in samples:
+            before = _rows.use_native(name == "native")
+            try:
+                line, t0 = _rows.run_line, time.thread_time()
+                for o in recs:
+                    line(o)
+                samples[name].append((time.thread_time() - t0) / n * 1e6)
+            finally:
+                _rows.use_native(before)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return {
+        "native_built": _rows._NATIVE is not None,
+        "cpu_us_per_record": {k: round(v, 2) for k, v in med.items()},
+        "speedup_median": round(med["python"] / med["native"], 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200_000, help="records per variant and trial")
@@ -385,6 +427,7 @@ def main() -> int:
             "engine": "chdb (embedded ClickHouse) via clickhouse-connect",
             "cpus": os.cpu_count(),
             "gc": args.gc,
+            "run_line": bench_run_line(args.runs, args.trials),
             "ingest": bench_ingest(Path(tmp), args.runs, args.batch_rows, args.trials),
         }
         if not args.skip_dedup:

@@ -252,9 +252,11 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("OTEL_GUARD_PURE_PYTHON", "") == "1":
         from guard.policy import use_native
         from guard.server import _nativedecode
+        from guard.store import _rows
 
         use_native(False)
         _nativedecode.set_enabled(False)
+        _rows.use_native(False)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -27,7 +27,7 @@ from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store._records import DecisionRecord
 from guard.store._schema import RUN_COLUMNS
 
-__all__ = ["dead_letter_row", "decision_row", "encode_row", "run_line", "run_row"]
+__all__ = ["dead_letter_row", "decision_row", "encode_row", "run_line", "run_row", "use_native"]
 
 encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
@@ -128,14 +128,28 @@ def run_line(o: Outcome, now: float | None = None) -> tuple[str, str]:
     """``(encode_row(run_row(o, now)), run id)``: the WAL line of one ``runs`` row.
 
     Fast path when nothing needs sanitising (exact types, counters in range, real
-    timestamps): the line is formatted directly, timestamps as ``:.3f`` (the same number
-    as ``round(x, 3)``, a fifth of the cost). Any other record takes the reference path.
-    Raises as ``run_row`` does.
+    timestamps): the line is formatted directly (natively when ``_rowsnative`` is built and
+    on, else ``_py_line``). Any other record takes the reference path. Raises as
+    ``run_row`` does.
+    """
+    fields = _RUN_FIELDS(o)
+    line = _line(fields)
+    if line is None:
+        row = run_row(o, now)
+        return encode_row(row), row[0]
+    return line, fields[0]
+
+
+def _py_line(fields: tuple[Any, ...]) -> str | None:
+    """The fast path's line of ``_RUN_FIELDS(o)``, or ``None`` when a field needs sanitising.
+
+    Timestamps as ``:.3f`` (the same number as ``round(x, 3)``, a fifth of the cost). This is
+    the reference ``_rowsnative.line`` is tested byte-identical to.
     """
     (run_id, parent, tenant, agent, status, reason, message, started, ended, elapsed,
      deadline, steps, model_calls, tool_calls, tool_attempts, input_tokens, output_tokens,
      reasoning_tokens, cached_tokens, cost, last_tool, action_hash, loop_hits, partial,
-     recoverable, price_book, decided_by, trace_id) = _RUN_FIELDS(o)  # fmt: skip
+     recoverable, price_book, decided_by, trace_id) = fields  # fmt: skip
     if not (
         type(run_id) is type(tenant) is type(agent) is type(message) is str
         and type(price_book) is type(trace_id) is str
@@ -159,8 +173,7 @@ def run_line(o: Outcome, now: float | None = None) -> tuple[str, str]:
         and min(elapsed, input_tokens, output_tokens, reasoning_tokens, cached_tokens) >= 0
         and max(elapsed, input_tokens, output_tokens, reasoning_tokens, cached_tokens) <= _UINT64
     ):
-        row = run_row(o, now)
-        return encode_row(row), row[0]
+        return None
     return (
         f"[{_q(run_id)},{'null' if not parent else _q(parent)},{_q(tenant)},{_q(agent)},"
         f"{_q(status)},{_q(reason)},{_q(message)},{started:.3f},{ended:.3f},"
@@ -171,7 +184,26 @@ def run_line(o: Outcome, now: float | None = None) -> tuple[str, str]:
         f"{'null' if not action_hash else _q(action_hash)},{loop_hits},"
         f"{'true' if partial else 'false'},{'true' if recoverable else 'false'},"
         f"{_q(price_book)},{_q(decided_by)},{_q(trace_id)}]"
-    ), run_id
+    )
+
+
+try:
+    from guard.store import _rowsnative as _NATIVE
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _NATIVE = None
+else:
+    _NATIVE.configure(Status, Reason, DecidedBy)
+
+_line = _py_line if _NATIVE is None else _NATIVE.line
+
+
+def use_native(on: bool) -> bool:
+    """Format fast-path lines natively (when built) or with ``_py_line``; returns the previous
+    setting. For benchmarks, the differential tests and ``OTEL_GUARD_PURE_PYTHON=1``."""
+    global _line
+    before = _line is not _py_line
+    _line = _NATIVE.line if on and _NATIVE is not None else _py_line
+    return before
 
 
 def decision_row(r: DecisionRecord) -> list[Any]:
