@@ -38,7 +38,6 @@ _STOP_RANK = Action.STOP.rank
 _SLACK = 1e-9
 _NEVER = math.inf
 _ALWAYS = -math.inf
-_TINY = math.ulp(0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +75,24 @@ def _fraction(limit: float | None, fraction: float) -> float:
     if not (limit > 0 and fraction > 0) or not math.isfinite(fraction):
         return _ALWAYS  # 0 limits, 0/negative/NaN thresholds: leave it all to decide()
     point = fraction * limit * (1.0 - _SLACK)
-    # A product in the subnormal range has lost the precision the slack relies on (and may
-    # be 0, which usage 0 would "reach"): the smallest positive float is below the true
-    # point, and still lets an unused budget pass.
-    return point if point >= sys.float_info.min else _TINY
+    if point >= sys.float_info.min:
+        return point
+    # A product in the subnormal range has lost the precision the slack relies on (it may be
+    # 0, which an unused budget would "reach", or above a usage of 5e-324 that decide() lets
+    # pass under a 1.1e-308 limit): there, the smallest usage whose utilisation reaches the
+    # fraction, found from the product in a few float steps (the division is monotone in the
+    # usage, so every usage below it stays under the fraction).
+    x = fraction * limit
+    for _ in range(64):
+        below = math.nextafter(x, 0.0)
+        if x <= 0.0 or below / limit < fraction:
+            break
+        x = below
+    for _ in range(64):
+        if x / limit >= fraction:
+            return x
+        x = math.nextafter(x, _NEVER)
+    return _ALWAYS  # not found near the product (cannot happen): leave it to decide()
 
 
 def triggers(limits: Limits, rank: int) -> Triggers:

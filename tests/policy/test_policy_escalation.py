@@ -246,3 +246,16 @@ def test_a_subnormal_trigger_point_still_lets_an_unused_budget_pass(limit: float
         fused, ref = Budget(lim, clock=clock), Budget(lim, clock=clock)
         assert _expected(ref, Phase.BEFORE_STEP, None, 0) is None
         assert fused.step_if_no_escalation(0) == ref.record_step() == 1
+
+
+def test_a_subnormal_usage_under_a_subnormal_limit_keeps_the_fast_path() -> None:
+    """The smallest positive float as the trigger point was above a spend of 5e-324 under a
+    1.1e-308 cost limit, which decide() lets pass: the fast path refused the step (found by
+    hypothesis)."""
+    lim = Limits(max_cost_usd=1.1125369292536007e-308)
+    clock = _Clock()
+    fused, ref = Budget(lim, clock=clock), Budget(lim, clock=clock)
+    assert fused.model_call_escalation(0, 0, 0, 0, 5e-324) == (1, None)
+    ref.record_model_call(cost_usd=5e-324)
+    assert _expected(ref, Phase.BEFORE_STEP, None, 0) is None
+    assert fused.step_if_no_escalation(0) == ref.record_step() == 2
