@@ -45,10 +45,42 @@ from guard.wire import (
     welcome_to_pb,
 )
 
-__all__ = ["HELLO_CHECK_SLICE", "HELLO_SLICE", "ControlServicer", "add_to_server"]
+__all__ = [
+    "HELLO_CHECK_SLICE",
+    "HELLO_SLICE",
+    "ControlServicer",
+    "add_to_server",
+    "apply_message",
+]
 
 HELLO_SLICE = 32  # Hello.live_runs registered between two yields to the event loop
 HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
+
+
+def apply_message(
+    registry: Any, session: AgentSession, msg: pb.AgentMessage, body: str | None, principal: Any
+) -> None:
+    """One AgentMessage after the Hello (alone, or one of a batch): checked, applied (the
+    caller then settles with shared budgets: ``budgets.sync``, when they settle). The control
+    reader's step, and the fuzz harness's in-process target's."""
+    if body == "run_started":
+        rs = msg.run_started
+        check_run_started(rs)
+        registry.register(session, rs, principal)
+    elif body == "run_ended":
+        registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
+    elif body == "heartbeat":
+        check_heartbeat(msg.heartbeat)
+        registry.heartbeat(session, msg.heartbeat)
+    elif body == "ack":
+        registry.ack(session, msg.ack)
+    elif body == "allowance_request":
+        check_allowance_request(msg.allowance_request)
+        registry.budgets.request(session, msg.allowance_request, principal)
+    elif body == "hello":
+        raise InvalidInput("hello sent twice on one stream")
+    else:
+        raise InvalidInput("empty AgentMessage")
 
 
 class ControlServicer(guard_pb2_grpc.GuardControlServicer):
@@ -83,11 +115,13 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         check_batch(msg.batch)  # then each message at its turn, as if alone
                         settles = registry.budgets.settles
                         for inner in msg.batch.messages:
-                            self._apply(session, inner, inner.WhichOneof("body"), principal)
+                            apply_message(
+                                registry, session, inner, inner.WhichOneof("body"), principal
+                            )
                             if settles:
                                 await registry.budgets.sync()  # see _parts
                     else:
-                        self._apply(session, msg, body, principal)
+                        apply_message(registry, session, msg, body, principal)
                         if registry.budgets.settles:
                             await registry.budgets.sync()  # see _parts: settle with shared budgets
             except GuardError as exc:
@@ -122,31 +156,6 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                 await reader
             registry.detach(session)
             app.detach_session(session)
-
-    def _apply(
-        self, session: AgentSession, msg: pb.AgentMessage, body: str | None, principal: Any
-    ) -> None:
-        """One AgentMessage after the Hello (alone, or one of a batch): checked, applied (the
-        caller then settles with shared budgets: ``budgets.sync``, when they settle)."""
-        registry = self.app.registry
-        if body == "run_started":
-            rs = msg.run_started
-            check_run_started(rs)
-            registry.register(session, rs, principal)
-        elif body == "run_ended":
-            registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
-        elif body == "heartbeat":
-            check_heartbeat(msg.heartbeat)
-            registry.heartbeat(session, msg.heartbeat)
-        elif body == "ack":
-            registry.ack(session, msg.ack)
-        elif body == "allowance_request":
-            check_allowance_request(msg.allowance_request)
-            registry.budgets.request(session, msg.allowance_request, principal)
-        elif body == "hello":
-            raise InvalidInput("hello sent twice on one stream")
-        else:
-            raise InvalidInput("empty AgentMessage")
 
     async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
         """The first message: checked whole, then welcomed, then its live runs registered in

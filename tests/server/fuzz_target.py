@@ -4,7 +4,7 @@
 real code without a network: the OTLP body through ``_decode.decode_slices`` (the native
 decoder, with its fallback to the reference) into ``Registry.ingest``, exactly as the Export
 handler does; agent messages (and the messages of an ``AgentBatch``, after the batch is checked
-whole) through the ``guard.wire`` checks into the registry as the control reader does. A
+whole) through the control reader's own step (``_control.apply_message``). A
 ``GuardError`` is the clear status a client would get; anything else is a crash.
 :func:`violations` checks the state invariants: no non-finite value in a run budget or a
 tenant window, counters >= 0, tracked runs under their cap.
@@ -20,19 +20,13 @@ from guard.errors import GuardError
 from guard.policy import PolicyConfig
 from guard.server import MemorySink
 from guard.server._auth import Principal
+from guard.server._control import apply_message
 from guard.server._decode import decode_slices
 from guard.server._fanout import AgentSession
 from guard.server._otlp import CHUNK_SPANS
 from guard.server._registry import Registry
 from guard.v1 import guard_pb2 as pb
-from guard.wire import (
-    check_allowance_request,
-    check_batch,
-    check_heartbeat,
-    check_hello,
-    check_run_started,
-    outcome_from_pb,
-)
+from guard.wire import check_batch, check_hello
 
 from .fuzzing import TENANTS, fuzz_config
 
@@ -117,31 +111,12 @@ class InProcess:
             elif body == "batch":
                 self._batch(session, msg.batch, principal)
             else:
-                self._apply(session, msg, body, principal)
+                apply_message(reg, session, msg, body, principal)
         except GuardError:
             self.refused += 1
         # drain what the registry queued for the agent (nobody reads it here)
         while session is not None and not session.queue.empty():
             session.queue.get_nowait()
-
-    def _apply(self, session: AgentSession, msg: Any, body: str | None, principal: Any) -> None:
-        """One message after the Hello, alone or from a batch, as ``_control._apply`` does."""
-        reg = self.registry
-        if body == "run_started":
-            check_run_started(msg.run_started)
-            reg.register(session, msg.run_started, principal)
-        elif body == "heartbeat":
-            check_heartbeat(msg.heartbeat)
-            reg.heartbeat(session, msg.heartbeat)
-        elif body == "run_ended":
-            reg.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
-        elif body == "ack":
-            reg.ack(session, msg.ack)
-        elif body == "allowance_request":
-            check_allowance_request(msg.allowance_request)
-            reg.budgets.request(session, msg.allowance_request, principal)
-        else:
-            self.refused += 1
 
     def _batch(self, session: AgentSession, batch: Any, principal: Any) -> None:
         """Checked whole, then each message at its turn; a refused batch changes nothing (its
@@ -156,7 +131,7 @@ class InProcess:
                 self.refusals_that_changed += 1
             raise
         for inner in batch.messages:
-            self._apply(session, inner, inner.WhichOneof("body"), principal)
+            apply_message(self.registry, session, inner, inner.WhichOneof("body"), principal)
 
     def sweep(self) -> None:
         self.registry.sweep()
