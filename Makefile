@@ -5,12 +5,24 @@ PY     := $(VENV)/bin/python
 # Keyed on what the install builds from: pyproject.toml and the native fast paths' C source.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint format bench proto clean
+# Every test run is replayable from one seed: the hash seed, the test order (pytest-randomly)
+# and hypothesis's draws all come from TEST_SEED, printed at the start of the run. Replay a run
+# with `make test TEST_SEED=<the printed seed>`.
+ifndef TEST_SEED
+TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+PYTEST_SEEDED = PYTHONHASHSEED=$(TEST_SEED) $(PY) -m pytest --randomly-seed=$(TEST_SEED) \
+	--hypothesis-seed=$(TEST_SEED) --durations=15
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-exhaustive lint format bench proto clean
 
 $(STAMP): pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing otel-guard and its dependencies into $(VENV) (first run takes a few minutes)"
 	$(PY) -m pip install --upgrade --progress-bar on pip
+	@# a native extension that fails to build must not leave an older build in its place
+	@find guard -name '*$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")' -delete
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
@@ -27,7 +39,14 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -n 2 --dist loadfile
+	@echo ">> test seed $(TEST_SEED) (replay: make test TEST_SEED=$(TEST_SEED))"
+	$(PYTEST_SEEDED) -n 2 --dist loadfile $(PYTEST_ARGS)
+
+# Every property with ten times its examples (the hypothesis profile "exhaustive").
+test-exhaustive: $(STAMP)
+	@echo ">> test seed $(TEST_SEED) (replay: make test-exhaustive TEST_SEED=$(TEST_SEED))"
+	OTEL_GUARD_HYPOTHESIS_PROFILE=exhaustive $(PYTEST_SEEDED) -n 2 --dist loadfile \
+		--timeout 1800 tests/policy tests/server tests/store tests/redisstate $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py --out benchmarks/results.json

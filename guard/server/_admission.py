@@ -31,6 +31,7 @@ from guard.server._allowances import spend_of
 from guard.server._auth import Principal
 from guard.server._decisions import DecisionRouter
 from guard.server._fanout import AgentSession
+from guard.server._ordered import OrderedSet
 from guard.server._rejoin import Rejoin
 from guard.server._scope import RunPart, Scope
 from guard.server._state import RunState, SeqGate
@@ -86,7 +87,7 @@ class Admission(RunPart):
         decisions: DecisionRouter,
         rejoin: Rejoin,
         forget: Callable[[RunState], None],
-        sessions: set[AgentSession],
+        sessions: OrderedSet[AgentSession],
     ) -> None:
         super().__init__(scope)
         self.budgets = budgets

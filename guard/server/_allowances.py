@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.errors import InvalidInput
 from guard.policy import TenantAllowances, Usage
+from guard.server._ordered import OrderedSet
 from guard.server._schema import (
     CACHED,
     COST,
@@ -81,7 +82,9 @@ class Allowances:
         self._ledgers: dict[str, TenantAllowances | None] = {}
         self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._renewed_at = registry.clock()
-        self._dirty: set[RunState] = set()  # runs whose spend the grants do not reflect yet
+        self._dirty: OrderedSet[RunState] = (
+            OrderedSet()
+        )  # runs whose spend the grants do not reflect yet
         for k in ("allowance_grants", "allowance_exhausted", "allowance_unknown", "late_counted"):
             registry.stats.setdefault(k, 0)
 
@@ -193,7 +196,7 @@ class Allowances:
         moves what it spent from its grant into the windows, one lock per tenant."""
         if not self._dirty:
             return
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty = self._dirty, OrderedSet()
         ledgers = self._ledgers
         batches: dict[TenantAllowances, list[tuple[str, float, float]]] = {}
         for run in dirty:

@@ -38,6 +38,7 @@ from guard.server._control import add_to_server as add_control
 from guard.server._fair import TenantTurns
 from guard.server._fanout import AgentSession
 from guard.server._looplag import LoopLag
+from guard.server._ordered import OrderedSet
 from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
 from guard.server._otlp import trace_service_handler
 from guard.server._parts import parts_for
@@ -153,7 +154,7 @@ class GuardServer:
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
-        self._sessions: set[AgentSession] = set()
+        self._sessions: OrderedSet[AgentSession] = OrderedSet()
         self._sweeper: asyncio.Task[None] | None = None
         self.loop_lag = LoopLag()
         self._stopped: asyncio.Event | None = None
@@ -283,7 +284,7 @@ class GuardServer:
             self._sweeper.cancel()
         self.loop_lag.stop()
         for session in list(self.registry.sessions):
-            session.expire(time.monotonic(), all_pending=True)
+            session.expire(session.clock(), all_pending=True)
         flush = getattr(self.sink, "flush", None)
         left = max(0.1, deadline - time.monotonic())
         if flush is not None:

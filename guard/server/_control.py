@@ -94,7 +94,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             principal = app.auth.principal(context.invocation_metadata())
         except GuardError as exc:
             await abort_for(context, exc)
-        session = AgentSession(uuid.uuid4().hex, principal.tenant, registry.log)
+        session = AgentSession(uuid.uuid4().hex, principal.tenant, registry.log, registry.clock)
         app.attach_session(session)
 
         batches = False  # the agent's Hello said it reads GuardMessage.batch

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from guard.records import DecisionRecord
+from guard.server._ordered import OrderedSet
 from guard.wire import directive_to_pb, envelope_to_pb
 
 __all__ = ["ACK_TIMEOUT_S", "AgentSession", "DecisionLog", "Outbox"]
@@ -134,10 +135,22 @@ class Outbox:
 
 
 class AgentSession:
-    """One agent process attached over ``GuardControl.Attach``."""
+    """One agent process attached over ``GuardControl.Attach``.
 
-    def __init__(self, session_id: str, principal_tenant: str | None, log: DecisionLog) -> None:
+    ``clock``: the registry's clock. A command's send time, its delivery latency and the
+    sweep's expiry of unacked commands are all read from it, so the sweep compares times of
+    one clock (an expiry on another clock than the send time's would depend on the host's
+    uptime)."""
+
+    def __init__(
+        self,
+        session_id: str,
+        principal_tenant: str | None,
+        log: DecisionLog,
+        clock: Callable[[], float],
+    ) -> None:
         self.session_id = session_id
+        self.clock = clock
         self.principal_tenant = principal_tenant  # None = admin / no auth
         self.process_id = ""
         self.host = ""
@@ -145,11 +158,11 @@ class AgentSession:
         self.tenant = ""
         self.log = log
         self.queue = Outbox()
-        self.runs: set[str] = set()
+        self.runs: OrderedSet[str] = OrderedSet()  # in registration order
         self.closed = False
         self.error: Exception | None = None  # why the stream must end, if it must
         self._next_id = 0
-        # command_id -> (monotonic send time, record)
+        # command_id -> (send time on self.clock, record)
         self.pending: dict[int, tuple[float, DecisionRecord]] = {}
 
     def compose(self, field: str) -> tuple[Any, Any]:
@@ -174,7 +187,7 @@ class AgentSession:
                 self.log.write(record, None)
             return cid
         if record is not None:
-            self.pending[cid] = (time.monotonic(), record)
+            self.pending[cid] = (self.clock(), record)
         self.queue.put_nowait(msg)
         return cid
 
@@ -224,7 +237,7 @@ class AgentSession:
         if entry is None:
             return None
         sent, record = entry
-        latency_ms = (time.monotonic() - sent) * 1000.0
+        latency_ms = (self.clock() - sent) * 1000.0
         self.log.write(record, latency_ms)
         return latency_ms
 
@@ -247,7 +260,7 @@ class AgentSession:
         if not self.closed:
             self.closed = True
             self.queue.put_nowait(_CLOSE)
-        self.expire(time.monotonic(), all_pending=True)
+        self.expire(self.clock(), all_pending=True)
 
     @staticmethod
     def is_close(item: Any) -> bool:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import DecidedBy, Outcome, Reason, Status
+from guard.server._ordered import OrderedSet
 from guard.server._scope import RunPart, Scope
 from guard.server._table import ENDED_MEMORY
 from guard.wire import record_ack_to_pb
@@ -42,7 +43,7 @@ class Lifecycle(RunPart):
         directory: RunDirectory,
         sink: Any,
         *,
-        sessions: set[AgentSession],
+        sessions: OrderedSet[AgentSession],
     ) -> None:
         super().__init__(scope)
         self.detached = scope.table.detached

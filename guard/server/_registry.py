@@ -38,6 +38,7 @@ from guard.server._decisions import DecisionRouter
 from guard.server._fanout import AgentSession, DecisionLog
 from guard.server._ingest import SpanApplier
 from guard.server._lifecycle import Lifecycle
+from guard.server._ordered import OrderedSet
 from guard.server._parts import (
     DirectiveBus,
     PartsFactory,
@@ -95,7 +96,7 @@ class Registry:
         self.runs, self.by_trace, self.by_tenant = t.runs, t.by_trace, t.by_tenant
         self.detached, self.span_only, self.ended = t.detached, t.span_only, t.ended
         self.max_runs = t.max_runs
-        self.sessions: set[AgentSession] = set()
+        self.sessions: OrderedSet[AgentSession] = OrderedSet()  # in attach order
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
         self.log = DecisionLog(sink, guard_id, self.stats)
         self.applier = SpanApplier(self)

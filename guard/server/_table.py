@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from guard.server._ordered import OrderedSet
 from guard.server._status import UnknownRun
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +37,7 @@ class RunTable:
         self.max_runs = int(max_runs)
         self.runs: dict[str, RunState] = {}
         self.by_trace: dict[bytes, RunState] = {}  # the outermost run of each trace
-        self.by_tenant: dict[str, set[str]] = {}
+        self.by_tenant: dict[str, OrderedSet[str]] = {}  # each in admission order
         self.detached: dict[str, RunState] = {}  # agent stream dropped, within the grace
         self.span_only: dict[str, RunState] = {}  # no control stream (or not yet)
         self.ended: OrderedDict[str, None] = OrderedDict()
@@ -71,7 +72,7 @@ class RunTable:
         """Index a new run (the first run of a trace owns its foreign spans)."""
         rid = run.run_id
         self.runs[rid] = run
-        self.by_tenant.setdefault(run.tenant, set()).add(rid)
+        self.by_tenant.setdefault(run.tenant, OrderedSet()).add(rid)
         trace = run.trace_id
         if trace and trace not in self.by_trace:
             self.by_trace[trace] = run
@@ -95,7 +96,7 @@ class RunTable:
         """A provisional run learns its tenant from a later span."""
         self._untenant(run)
         run.tenant = tenant
-        self.by_tenant.setdefault(tenant, set()).add(run.run_id)
+        self.by_tenant.setdefault(tenant, OrderedSet()).add(run.run_id)
 
     def _untenant(self, run: RunState) -> None:
         ids = self.by_tenant.get(run.tenant)

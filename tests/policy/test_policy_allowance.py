@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,7 +97,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_ops, st.sampled_from([0.05, 0.2, 1.0]))
 def test_no_sequence_lets_outstanding_grants_plus_the_window_pass_the_limit(ops, fraction):
     """window used + held + outstanding grants <= limit + the spend made beyond grants."""
@@ -183,7 +184,7 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_ops)
 def test_tails_expire_exactly_as_a_scan_of_every_entry(ops):
     """The heap of tails gives back what the scan gave back, at the same calls, whatever the

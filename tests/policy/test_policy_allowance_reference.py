@@ -11,6 +11,7 @@ import heapq
 import math
 from typing import Any
 
+from _hyp import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -269,7 +270,7 @@ def _apply(led: Any, ref: bool, op: tuple, shapes: list) -> Any:
     return None
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 # a tail that falls due exactly when a grant comes (release at 3 s + tail_s = 8 s)
 @example(
     0,

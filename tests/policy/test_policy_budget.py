@@ -6,6 +6,7 @@ import math
 import threading
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -310,7 +311,7 @@ def test_set_limits_replaces() -> None:
     assert b.decide(phase=Phase.BEFORE_STEP).reason is Reason.MAX_STEPS
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     limit=st.integers(min_value=1, max_value=200),
     sizes=st.lists(st.integers(min_value=1, max_value=9), min_size=32, max_size=32),

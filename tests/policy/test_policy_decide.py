@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -286,7 +287,7 @@ def test_soft_level_emits_each_once_in_order(sequence, emitted) -> None:
 _EVENT = st.sampled_from(["step", "model", "tools", "model", "tools"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     max_steps=st.integers(min_value=1, max_value=30),
     events=st.lists(_EVENT, min_size=1, max_size=200),

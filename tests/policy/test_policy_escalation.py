@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from _hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,7 +89,7 @@ class _Clock:
         return self.t
 
 
-@settings(max_examples=700, deadline=None)
+@settings(max_examples=examples(700), deadline=None)
 @given(
     limits=_limits(),
     usage=_usage(),
@@ -137,7 +138,7 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(limits=_limits(), ops=_OPS, rank=st.integers(0, 2))
 def test_record_then_escalation_paths_are_record_then_decide(
     limits: Limits, ops: list[tuple], rank: int

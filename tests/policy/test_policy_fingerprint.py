@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,7 +126,7 @@ def _shuffled(value, rng: random.Random):
     return value
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(value=st.dictionaries(st.text(max_size=6), _json, max_size=8), seed=st.integers())
 def test_fingerprint_ignores_key_order(value: dict, seed: int) -> None:
     fp = Fingerprinter(b"k")
@@ -134,7 +135,7 @@ def test_fingerprint_ignores_key_order(value: dict, seed: int) -> None:
     assert fp.action("tool", value) == fp.action("tool", other)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(value=_json)
 def test_canonicalize_is_idempotent_on_its_json(value) -> None:
     import json

@@ -17,6 +17,7 @@ import re
 import unicodedata
 
 import pytest
+from _hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,7 +84,7 @@ def test_fingerprints_are_the_stored_ones(impl: str) -> None:
     assert fp.text("Hello  World") == "28b5a2651a77fcf24c422f5d704f9229"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     key=st.one_of(st.binary(min_size=1, max_size=200), st.text(min_size=1, max_size=80)),
     payload=st.text(max_size=300),
@@ -97,7 +98,7 @@ def test_precomputed_hmac_is_hmac_sha256(key: bytes | str, payload: str) -> None
             assert fp._mac(domain, payload) == want[:32], impl
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     args=st.one_of(
         st.dictionaries(
@@ -159,7 +160,7 @@ _ASCIIISH = st.text(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(s=st.one_of(_ASCIIISH, st.text(max_size=70), st.from_regex(r"[+-]?\d{1,5}(\.\d*)?")))
 def test_string_fast_paths_match_the_reference(s: str) -> None:
     got, want = C._string_cached.__wrapped__(s), _ref_string(s)
@@ -182,7 +183,7 @@ _JSONISH = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(value=_JSONISH)
 def test_prebuilt_json_encoder_matches_json_encoder(value: object) -> None:
     ref = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode

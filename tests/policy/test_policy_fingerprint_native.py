@@ -14,6 +14,7 @@ import hashlib
 import os
 
 import pytest
+from _hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,19 +69,19 @@ _KEYS = st.one_of(_EDGE_TEXT.map(lambda s: s[:10]), st.sampled_from(["page", "PA
 _ARGS = st.dictionaries(_KEYS, st.one_of(_SCALARS, st.lists(_SCALARS, max_size=2)), max_size=6)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(args=st.one_of(_ARGS, _SCALARS))
 def test_action_fingerprints_are_identical(args: object) -> None:
     assert NATIVE.action("search", args) == PY.action("search", args)
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(800), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=st.one_of(_SCALARS, _ARGS))
 def test_result_hashes_are_identical(value: object) -> None:
     assert NATIVE.result(value) == PY.result(value)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(facts=st.lists(_STRINGS, max_size=4), text=_EDGE_TEXT)
 def test_state_and_text_hashes_are_identical(facts: list[str], text: str) -> None:
     assert NATIVE.state(facts) == PY.state(facts)
@@ -127,7 +128,7 @@ def test_other_arguments_fall_back_to_the_reference(args: object) -> None:
     assert NATIVE.action("t", args) == PY.action("t", args)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.binary(max_size=300))
 def test_sha256_is_sha256(data: bytes) -> None:
     assert N.sha256(data) == hashlib.sha256(data).digest()
@@ -157,7 +158,7 @@ _IDS = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     calls=st.lists(st.tuples(_IDS, st.one_of(st.none(), _IDS)), max_size=40),
     window=st.integers(2, 8),
@@ -184,7 +185,7 @@ _STEP_END = st.tuples(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     events=st.lists(st.one_of(st.tuples(_IDS, st.one_of(st.none(), _IDS)), _STEP_END), max_size=60),
     window=st.integers(2, 8),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,7 +90,7 @@ def test_invalid_input(step, tokens) -> None:
         Forecaster().observe(step, tokens)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     b=st.integers(min_value=1, max_value=20_000),
     d=st.integers(min_value=0, max_value=5_000),

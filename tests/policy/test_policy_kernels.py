@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,7 +73,7 @@ def _twins(depth: int) -> tuple[tuple[Budget, Usage], tuple[Budget, Usage]]:
     return out[0], out[1]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.integers(0, 2),
     st.lists(
@@ -163,7 +164,7 @@ FP = st.one_of(
 RESULT = st.one_of(st.just(_fp(9)), st.just(_fp(9)), st.none(), FP)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.sampled_from([(6, 3, 3), (4, 2, 2), (20, 3, 8)]),
     st.lists(
@@ -211,7 +212,7 @@ def test_loop_kernels_match_the_methods(shape: tuple[int, int, int], ops: list[A
         assert state(kd) == state(md) == state(pd)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -253,7 +254,7 @@ class _Clock:
 LIMIT = st.one_of(st.none(), st.integers(0, 50))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     st.fixed_dictionaries(
         {

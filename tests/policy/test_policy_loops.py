@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,7 +216,7 @@ def test_invalid_settings(kw: dict, path: str) -> None:
     assert exc.value.path == path
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=1000), max_size=80))
 def test_all_distinct_results_never_stop(xs: list[int]) -> None:
     """Every call returns something never seen before: new information, never a loop."""

@@ -4,6 +4,7 @@ same result and stagnation stay loops, caught as early as before (issue 13 §4).
 from __future__ import annotations
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,7 +156,7 @@ _ENDS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     p=st.integers(1, 5),
     k=st.integers(2, 4),
@@ -176,7 +177,7 @@ def test_a_cycle_is_caught_at_its_second_repetition(p, k, prefix, cuts, ends) ->
         assert pattern == "no_state_change"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(prefix=st.integers(0, 6), cuts=st.lists(st.integers(0, 20), max_size=8), ends=_ENDS)
 def test_varied_arguments_same_result_are_caught_as_before(prefix, cuts, ends) -> None:
     calls = [(f"new_{i}", f"fresh {i}") for i in range(prefix)]
@@ -185,7 +186,7 @@ def test_varied_arguments_same_result_are_caught_as_before(prefix, cuts, ends) -
     assert stop is not None and stop <= prefix + 5  # repeat_threshold + 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     refs=st.integers(1, 3),
     orders=st.lists(st.permutations(range(4)), min_size=5, max_size=40),

@@ -8,6 +8,7 @@ judges exactly like one whose settings were checked just now.
 from __future__ import annotations
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,7 @@ _value = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.tuples(_value, _value, _value))
 def test_the_check_is_the_old_one_every_time(values: tuple) -> None:
     s = LoopSettings(**dict(zip(_FIELDS, values, strict=True)))
@@ -70,7 +71,7 @@ def _verdicts(det: LoopDetector, calls: list) -> list:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.integers(min_value=2, max_value=8),
     st.integers(min_value=2, max_value=5),

@@ -8,6 +8,7 @@ import sys
 import threading
 
 import pytest
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,7 @@ def brute_force(events: list[tuple[float, float]], now: float, window_s: float, 
     return math.fsum(v for t, v in events if t <= now and b_now - math.floor(t / w) < buckets)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     window_s=st.sampled_from([1.0, 10.0, 60.0, 3600.0, 7.5]),
     buckets=st.integers(min_value=1, max_value=64),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from _hyp import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -218,7 +219,7 @@ class _Side:
         return _answer(lambda: tb.headroom(now + amount * 100))  # "tick": a later read
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @example(0, [("admit", 0.0, 0.0, 0)] * 4 + [("end", 1.0, 0.0, 0), ("admit", 1.0, 0.0, 0)])
 @example(0, [("grant", 0.0, 0.7, 1), ("grant", 0.0, 0.7, 3), ("admit", 0.0, 0.0, 0)])
 @example(0, [("grant", 0.0, 2.0, 0), ("grant", 0.0, 2.0, 2), ("admit", 0.0, 0.0, 0)])
@@ -233,7 +234,7 @@ def test_the_tenant_budget_equals_the_reference_for_any_sequence(shape, ops):
         assert _state(fast.tb) == _state(ref.tb), op
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.sampled_from([1.0, 7.0, 60.0]),
     st.sampled_from([1, 3, 60]),

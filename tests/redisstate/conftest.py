@@ -29,6 +29,7 @@ def redis_url(redis_server: RedisServer) -> str:
     if redis_server.proc is None:  # a test stopped it
         redis_server.start()
     redis_server.command("FLUSHALL")
+    redis_server.command("SCRIPT", "FLUSH")  # each test starts as on a new server, in any order
     return redis_server.url
 
 

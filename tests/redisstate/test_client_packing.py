@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.exceptions import DataError
@@ -40,7 +41,7 @@ ARG = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(name=st.sampled_from(["EVALSHA", "HSET", "CONFIG GET", "PEXPIRE"]), args=st.lists(ARG))
 def test_c_packing_gives_redis_pys_bytes(name, args):
     ours, theirs = _pair(URLS[0])

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import math
 
+from _hyp import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -159,7 +160,7 @@ async def run_both(url: str, ops: list[tuple], t0: float) -> None:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -105,7 +105,7 @@ class InProcess:
                     principal.check_tenant(rs.tenant or tenant)
                 if session is not None:
                     reg.detach(session)
-                session = AgentSession(f"s{who}", principal.tenant, reg.log)
+                session = AgentSession(f"s{who}", principal.tenant, reg.log, reg.clock)
                 self.sessions[who] = session
                 reg.hello(session, msg.hello, principal)
             elif body == "batch":

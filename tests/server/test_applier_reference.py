@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from _hyp import examples
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from guard.policy import Outcome, Reason, Status
@@ -154,7 +155,7 @@ class Side:
             self.reg.applier = ReferenceApplier(self.reg)
         self.sessions = {}
         for tenant in TENANTS:
-            session = AgentSession(f"s-{tenant}", tenant, self.reg.log)
+            session = AgentSession(f"s-{tenant}", tenant, self.reg.log, self.reg.clock)
             self.reg.hello(session, pb.Hello(process_id=tenant, tenant=tenant), ANONYMOUS)
             self.sessions[tenant] = session
         self.results: list[Any] = []
@@ -280,9 +281,21 @@ def _commands(session: AgentSession) -> list[bytes]:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# Two runs cancelled by the operator, in two sessions, then past the ack timeout: the sweep
+# writes both unacked cancels, in the order the sessions attached.
+@example(
+    [
+        ("tick", 0.1),
+        ("register", 0, 0),
+        ("register", 1, 0),
+        ("end", 0, False),
+        ("end", 1, False),
+        ("tick", 45.0),
+    ]
 )
 @given(st.lists(op, min_size=6, max_size=30))
 def test_fused_applier_matches_the_reference(ops: list[tuple[Any, ...]]) -> None:

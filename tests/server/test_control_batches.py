@@ -4,6 +4,7 @@ unchanged, a bad batch refused whole."""
 from __future__ import annotations
 
 import grpc
+from _hyp import examples
 from _wait import wait_until_async
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -210,7 +211,7 @@ def _both_ways(msgs: list[pb.GuardMessage], close: bool) -> None:
             fast.get_nowait()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(0, 300), min_size=1, max_size=40), st.booleans())
 def test_take_encoded_writes_exactly_the_batches_take_batch_builds(sizes, close):
     """The guard's writer serializes each command once and frames the batch as bytes: the

@@ -15,6 +15,7 @@ import logging
 
 import grpc
 import pytest
+from _hyp import examples
 from _wait import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,7 +35,7 @@ IN_PROCESS_MESSAGES = 3000
 OVER_GRPC_MESSAGES = 400
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=1024))
 def test_random_bytes_reach_the_fast_parse_path(data):
     """Raw bytes into the decoder (native, then the reference): either a request, or

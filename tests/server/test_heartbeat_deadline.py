@@ -10,6 +10,7 @@ runs' soft levels and stop reasons must be identical after every heartbeat.
 from __future__ import annotations
 
 import pytest
+from _hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +74,9 @@ _beat = st.tuples(
 
 
 @settings(
-    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(250),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(st.lists(_limits, min_size=1, max_size=3), st.lists(_beat, max_size=12))
 def test_heartbeat_decisions_equal_the_decide_path(limits: list[Limits], beats: list) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from _hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
@@ -239,7 +240,7 @@ _extras = st.lists(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(_names, st.lists(_attribute(), max_size=8), _extras), max_size=6))
 def test_generated_requests_decode_exactly_as_the_reference(batch):
     spans = [
@@ -261,7 +262,7 @@ _broken = [
 ]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.lists(

@@ -24,7 +24,7 @@ def _registry(**cfg):
     sink = MemorySink()
     clock = Clock()
     reg = Registry(config(**cfg), sink, guard_id="t", clock=clock)
-    session = AgentSession("s", None, reg.log)
+    session = AgentSession("s", None, reg.log, reg.clock)
     reg.hello(session, pb.Hello(process_id="p", tenant="acme"), ANONYMOUS)
     return reg, session, sink, clock
 
@@ -91,7 +91,7 @@ def test_operator_cancel_of_a_detached_run_ends_it_now_and_reconnect_is_told():
     assert reg.cancel("run_id", "r", "", ANONYMOUS) == ["r"]
     (outcome,) = sink.runs
     assert outcome.reason is Reason.OPERATOR_CANCEL and outcome.decided_by is DecidedBy.OPERATOR
-    again = AgentSession("s2", None, reg.log)
+    again = AgentSession("s2", None, reg.log, reg.clock)
     hello = pb.Hello(process_id="p", tenant="acme", live_runs=[pb.RunStarted(run_id="r")])
     reg.hello(again, hello, ANONYMOUS)
     kinds = [k for k, _ in _sent(again)]
@@ -104,7 +104,7 @@ def test_grace_expiry_and_reattach_within_grace():
     _start(reg, session, "b", 2)
     reg.detach(session)
     clock.t += 3
-    back = AgentSession("s2", None, reg.log)
+    back = AgentSession("s2", None, reg.log, reg.clock)
     reg.hello(back, pb.Hello(process_id="p", live_runs=[pb.RunStarted(run_id="a")]), ANONYMOUS)
     clock.t += 3
     reg.sweep()

@@ -185,7 +185,7 @@ def test_the_router_builds_the_deny_and_the_resent_cancel(registry: Registry) ->
     from guard.server._auth import ANONYMOUS
     from guard.server._fanout import AgentSession
 
-    session = AgentSession("s", None, registry.log)
+    session = AgentSession("s", None, registry.log, registry.clock)
     registry.hello(session, pb.Hello(process_id="p", tenant="acme"), ANONYMOUS)
     registry.register(session, pb.RunStarted(run_id="r1", tenant="acme", agent="bot"), ANONYMOUS)
     registry.register(session, pb.RunStarted(run_id="r1", tenant="acme"), ANONYMOUS)  # attach

@@ -8,6 +8,7 @@ import math
 import time
 
 import pytest
+from _hyp import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -157,7 +158,7 @@ def _same(a, b) -> bool:
     ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(outcomes())
 @example(_CANONICAL)
 @example(pb.Outcome())

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import count
 
 from guard.store import open_store
+
+from .conftest import count
 
 # The "guard": accepts records, acknowledges them (prints "ready"), and is then killed.
 # mode "queued": the writer would wait an hour before its first batch, so every record is

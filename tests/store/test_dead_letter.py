@@ -6,11 +6,11 @@ import logging
 import uuid
 from pathlib import Path
 
-from conftest import count, flaky, outcome
-
 from guard.store import open_store
 from guard.store._dedup import RunIdFilter
 from guard.store._rows import encode_row, run_row
+
+from .conftest import count, flaky, outcome
 
 
 def _overflow_row(i: int) -> tuple[str, str]:

@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import count, flaky, outcome
 
 from guard.store import open_store
+
+from .conftest import count, flaky, outcome
 
 N = 600
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import outcome
 
 from guard.cli import main
 from guard.cli._report import parse_time, render
 from guard.store import Report, open_store, report_from_pb, report_to_pb
 from guard.v1 import guard_pb2_grpc
+
+from .conftest import outcome
 
 N = 600
 

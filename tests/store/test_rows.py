@@ -6,13 +6,15 @@ import json
 import math
 
 import pytest
-from conftest import outcome
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store._dedup import RecentIds
 from guard.store._rows import encode_row, run_line, run_row
+
+from .conftest import outcome
 
 NOW = 1_796_000_000.123
 
@@ -86,7 +88,7 @@ def _same_json(a: str, b: str) -> bool:
     return json.loads(a) == json.loads(b)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 @given(_outcomes)
 def test_run_line_is_the_reference_row(o: Outcome) -> None:
     expected = _reference(o)
@@ -111,7 +113,7 @@ def test_realistic_records_are_the_reference_row() -> None:
     assert math.isclose(ts[8] - ts[7], NOW - 1_796_051_185.4425, abs_tol=1e-3)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 60).map(str), max_size=15), max_size=30))
 def test_recent_ids_remember_at_least_the_last_capacity(batches: list[list[str]]) -> None:
     capacity = 20

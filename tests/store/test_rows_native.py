@@ -13,12 +13,14 @@ import math
 import sys
 
 import pytest
-from conftest import outcome
+from _hyp import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from guard.policy._types import DecidedBy, Reason, Status
 from guard.store import _rows
+
+from .conftest import outcome
 
 _NATIVE = pytest.importorskip("guard.store._rowsnative")
 
@@ -99,7 +101,7 @@ def _fields(draw: st.DrawFn) -> tuple[object, ...]:
     return tuple(fields)
 
 
-@settings(max_examples=4000, deadline=None)
+@settings(max_examples=examples(4000), deadline=None)
 @given(_fields())
 def test_native_line_is_the_reference_byte_for_byte(fields: tuple[object, ...]) -> None:
     expected = _rows._py_line(fields)

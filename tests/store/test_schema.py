@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import outcome
 
 from guard.errors import ConfigError, StoreError
 from guard.store import open_store, parse_dsn
 from guard.store._dsn import connect
 from guard.store._schema import MIGRATIONS, migrate
+
+from .conftest import outcome
 
 TABLES = (
     "dead_letter",

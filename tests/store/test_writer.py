@@ -6,11 +6,11 @@ import math
 import time
 from pathlib import Path
 
-from conftest import count, decision, flaky, outcome
-
 from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store import open_store
 from guard.store._rows import decision_row, encode_row, run_row
+
+from .conftest import count, decision, flaky, outcome
 
 
 def _view_vs_runs(store) -> tuple[list, list]:

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from guard.server._allowances import root_of, seen_of, spend_of
+from guard.server._ordered import OrderedSet
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import AllowanceGrant
@@ -52,7 +53,9 @@ class FleetDesk:
         self.observed: dict[str, dict[str, tuple[float, float]]] = {}  # tenant -> root -> seen
         # (tenant, root id, need_cost, need_tokens, seen, session, request_id, req, principal)
         self._asks: list[tuple[Any, ...]] = []
-        self._dirty: set[RunState] = set()  # runs whose spend Redis's grants do not have yet
+        self._dirty: OrderedSet[RunState] = (
+            OrderedSet()
+        )  # runs whose spend Redis's grants do not have yet
         self._renewed_at = self._flushed_at = shared.registry.clock()
 
     @property
@@ -100,7 +103,7 @@ class FleetDesk:
 
     def _note(self) -> None:
         observed = self.observed
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty = self._dirty, OrderedSet()
         for run in dirty:
             root = root_of(run)
             if self.tracked(root.tenant):
