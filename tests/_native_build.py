@@ -49,8 +49,8 @@ def _compile(name: str, sources: list[str]) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             out = subprocess.run(
-                [sys.executable, "-c", script, tmp, name, *sources],
-                cwd=ROOT,
+                [sys.executable, "-c", script, tmp, name, *(str(ROOT / f) for f in sources)],
+                cwd=tmp,  # away from pyproject.toml, whose reading only adds warnings
                 capture_output=True,
                 text=True,
                 timeout=300,

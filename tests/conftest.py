@@ -49,9 +49,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     reports = _native_build.missing()
     if reports:
+        sys.stderr.write("\n\n".join(reports) + "\n")
+        names = ", ".join(r.split(" ", 1)[0] for r in reports)
         pytest.exit(
-            "CI=true: native extensions missing; the native suites would skip:\n\n"
-            + "\n\n".join(reports),
+            f"CI=true: {names} not built (compiler output above); the native suites would skip",
             returncode=3,
         )
 
