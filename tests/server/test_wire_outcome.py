@@ -4,8 +4,8 @@ same error type and words for every invalid one."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-import time
 
 import pytest
 from _hyp import examples
@@ -27,6 +27,30 @@ from guard.errors import InvalidInput
 from guard.policy import USAGE_COUNTERS, DecidedBy, Outcome, Reason, Status
 from guard.v1 import guard_pb2 as pb
 from guard.wire import outcome_from_pb, usage_from_pb
+
+# The conversions bound timestamps by "now + 1 day". Both sides read one frozen instant, so a
+# value near that bound cannot fall between their two clock readings, and the strategies built
+# from it draw the same values on any day (a replayed failure is the same case).
+NOW = 1_800_000_000.0
+
+
+class _FrozenTime:
+    @staticmethod
+    def time() -> float:
+        return NOW
+
+
+@contextlib.contextmanager
+def _frozen_clock():
+    import guard._wire_outcome as fast
+    import guard.bounds as bounds
+
+    saved = fast.time, bounds.time
+    fast.time = bounds.time = _FrozenTime
+    try:
+        yield
+    finally:
+        fast.time, bounds.time = saved
 
 
 def reference_outcome_from_pb(msg: pb.Outcome) -> Outcome:
@@ -105,7 +129,7 @@ _COST = st.one_of(
 )
 _UNIX = st.one_of(
     st.sampled_from([0.0, -0.0, 946_684_800.0, 946_684_799.9, 4e9, math.nan, math.inf]),
-    st.floats(9e8, time.time() + 2 * 86_400.0),
+    st.floats(9e8, NOW + 2 * 86_400.0),
     st.floats(allow_nan=True, allow_infinity=True),
 )
 _IDS_ODD = {name: _odd_text(MAX_ID_CHARS) for name in ("run_id", *_OUTCOME_IDS)}
@@ -144,7 +168,8 @@ def outcomes(draw) -> pb.Outcome:
 
 def _answer(convert, msg):
     try:
-        return ("ok", convert(msg))
+        with _frozen_clock():
+            return ("ok", convert(msg))
     except InvalidInput as exc:  # InputTooLarge is one of these
         return (type(exc).__name__, str(exc))
 
@@ -182,7 +207,7 @@ _EDGES = {
     "elapsed_ms": [0, MAX_COUNTER, MAX_COUNTER + 1, 2**64 - 1],
     "deadline_ms": [0, MAX_COUNTER, MAX_COUNTER + 1],
     "started_at_unix": [0.0, -0.0, 946_684_800.0, 946_684_799.9, 4e9, -1.0, math.nan, -math.inf],
-    "ended_at_unix": [0.0, 946_684_800.0, 946_684_799.9, time.time() + 86_300.0, math.inf],
+    "ended_at_unix": [0.0, 946_684_800.0, 946_684_799.9, NOW + 86_300.0, math.inf],
     "usage.cost_usd": [0.0, -0.0, MAX_COST_USD_PER_RECORD, 1e9 * (1 + 1e-15), -1e-300, math.nan],
     **{f"usage.{n}": [MAX_COUNTER, MAX_COUNTER + 1] for n in USAGE_COUNTERS},
 }
