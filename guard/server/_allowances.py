@@ -82,9 +82,8 @@ class Allowances:
         self._ledgers: dict[str, TenantAllowances | None] = {}
         self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._renewed_at = registry.clock()
-        self._dirty: OrderedSet[RunState] = (
-            OrderedSet()
-        )  # runs whose spend the grants do not reflect yet
+        # runs whose spend the grants do not reflect yet
+        self._dirty: OrderedSet[RunState] = OrderedSet()
         for k in ("allowance_grants", "allowance_exhausted", "allowance_unknown", "late_counted"):
             registry.stats.setdefault(k, 0)
 

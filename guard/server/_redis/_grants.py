@@ -53,9 +53,8 @@ class FleetDesk:
         self.observed: dict[str, dict[str, tuple[float, float]]] = {}  # tenant -> root -> seen
         # (tenant, root id, need_cost, need_tokens, seen, session, request_id, req, principal)
         self._asks: list[tuple[Any, ...]] = []
-        self._dirty: OrderedSet[RunState] = (
-            OrderedSet()
-        )  # runs whose spend Redis's grants do not have yet
+        # runs whose spend Redis's grants do not have yet
+        self._dirty: OrderedSet[RunState] = OrderedSet()
         self._renewed_at = self._flushed_at = shared.registry.clock()
 
     @property
