@@ -23,7 +23,7 @@ from guard.errors import BudgetExceeded, RunStopped
 from guard.policy import Action, LoopVerdict, Phase
 from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, current_batch, current_call, record_tool_call
-from guard.sdk._reserve import tenant_reserve_sync
+from guard.sdk._reserve import budget_stop, tenant_reserve_sync
 from guard.sdk._run import Run, current_run_or_none
 from guard.sdk._step import current_step
 
@@ -120,12 +120,14 @@ class ToolBatch:
             run.check_stop()
             n_ok = 0
             paid = False
+            refused: BudgetExceeded | None = None
             for call in self.calls:
                 price = cost_usd(call) if callable(cost_usd) else cost_usd
                 price = check_money("cost_usd", price) if price is not None else 0.0
                 try:
                     slot = run.budget.reserve(tool_calls=1, cost_usd=price)
                 except BudgetExceeded as exc:
+                    refused = exc
                     u = run.budget.usage()
                     used = (
                         f"tool_calls={u.tool_calls}"
@@ -141,6 +143,11 @@ class ToolBatch:
                 paid = paid or price > 0
                 self._slots.append(slot)
                 n_ok += 1
+            if n_ok == 0 and refused is not None and refused.metric != "tool_calls":
+                # Not one call fits the money left: the run cannot go on, so it stops with that
+                # budget's reason, instead of answering every call with a rejection and leaving
+                # the loop to spin on empty batches until another limit ends it.
+                budget_stop(run, refused, f"no call of a batch of {len(self.calls)} fits")
             if paid:
                 try:  # the tenant's allowance must cover the admitted calls' prices too
                     tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)

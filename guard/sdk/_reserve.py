@@ -105,11 +105,14 @@ def _stop(
     run.raise_stop(d, by)
 
 
-def budget_stop(run: Run, exc: BudgetExceeded) -> None:
+def budget_stop(run: Run, exc: BudgetExceeded, context: str = "") -> None:
+    """Stop the run with the reason of the budget that refused a reservation; ``context``
+    says what was refused, ahead of the budget's own numbers."""
     reason = Reason.TOKEN_BUDGET if exc.metric == "tokens" else Reason.COST_BUDGET
     if exc.metric == "tool_calls":
         reason = Reason.MAX_TOOL_CALLS
-    _stop(run, reason, f"reservation refused: {exc}", exc.metric)
+    prefix = f"{context}: " if context else ""
+    _stop(run, reason, f"{prefix}reservation refused: {exc}", exc.metric)
 
 
 # -- the tenant check ------------------------------------------------------------------------

@@ -161,3 +161,24 @@ def test_a_paid_guard_tool_reserves_its_price_before_it_runs(sink) -> None:
     stops = [r for r in results if isinstance(r, guard.RunStopped)]
     assert len(ran) == 3 and results.count("ok") == 3 and len(stops) == 5
     assert stops[0].outcome.reason == "cost_budget" and "cost_usd=0.03" in stops[0].outcome.message
+
+
+def test_a_batch_no_call_of_which_fits_the_cost_budget_stops_the_run(sink) -> None:
+    seen = {"ran": 0, "batches": 0}
+
+    @guard.run(agent="paid", max_cost_usd=0.10, max_steps=1000)
+    def agent() -> None:
+        for b in range(1000):
+            with guard.step() as step, guard.admit_tools(_calls(8, 8 * b), cost_usd=0.01) as batch:
+                seen["batches"] += 1
+                for c in batch.admitted:
+                    seen["ran"] += 1
+                    step.tool_call("lookup", c["args"], result=c["id"], cost_usd=0.01)
+
+    with pytest.raises(guard.RunStopped) as stop:
+        agent()
+    out = stop.value.outcome
+    assert out.reason == "cost_budget", out
+    assert "no call of a batch of 8 fits" in out.message and "cost_usd" in out.message
+    assert seen["ran"] == 10 and out.tool_calls == 10
+    assert seen["batches"] == 2  # 8, then 2 of 8; the third batch is refused whole
