@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from _leftovers import leftovers, unwrap_leftovers
 from _llm_server import LLMServer  # pytest puts this directory on sys.path (rootdir, prepend)
 
 import guard
@@ -25,6 +26,9 @@ def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     guard.uninstrument()
     guard.shutdown()
     reset()
+    left = leftovers()
+    unwrap_leftovers()  # the next test starts clean, whatever this one left
+    assert not left, f"instrumentation wrappers left on the client classes: {left}"
 
 
 @pytest.fixture
