@@ -65,6 +65,9 @@ class GuardSettings:
     # (renewed every third of that), so a dead replica's runs free their slots.
     fail_closed: bool = False
     slot_lease_s: float = 30.0
+    # How long a call to Redis (connect included) may take before the replica takes Redis for
+    # unreachable: short, so a dead Redis costs an admission little before the fallback.
+    redis_timeout_ms: float = 100.0
     # The guard's own metrics (Prometheus endpoint, OTLP export): off unless configured.
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
@@ -171,6 +174,10 @@ def _guard(data: Any, path: str) -> GuardSettings:
         kw["fail_closed"] = d["fail_closed"]
     if "slot_lease_s" in d:
         kw["slot_lease_s"] = req_float(d["slot_lease_s"], f"{path}.slot_lease_s", minimum=0.3)
+    if "redis_timeout_ms" in d:
+        kw["redis_timeout_ms"] = req_float(
+            d["redis_timeout_ms"], f"{path}.redis_timeout_ms", minimum=1.0
+        )
     for name in ("max_tracked_runs", "heartbeat_interval_ms", "admit_timeout_ms"):
         if name in d:
             v = opt_int(d[name], f"{path}.{name}", minimum=1)

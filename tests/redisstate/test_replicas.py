@@ -34,6 +34,9 @@ ACME = {"rolling": [{"metric": "cost_usd", "limit": 1.0, "window_s": 3600}]}
 
 @contextlib.asynccontextmanager
 async def replicas(url: str, n: int = 2, **policy) -> AsyncIterator[list[GuardServer]]:
+    # a live Redis on a loaded machine can take longer than the default 100 ms to connect,
+    # which the replicas would take for Redis down (fail_closed then denies the first run)
+    policy["guard"] = {"redis_timeout_ms": 2000.0, **policy.get("guard", {})}
     servers = []
     try:
         for i in range(n):

@@ -32,7 +32,7 @@ def redis_parts(config: Any, url: str, *, guard_id: str) -> PartsFactory:
     """A factory of the Redis-backed parts of the replica ``guard_id``."""
 
     def build(registry: Any) -> Parts:
-        state = StateClient(url)
+        state = StateClient(url, socket_timeout_ms=config.guard.redis_timeout_ms)
         registry.state = state  # the replica's connection (metrics, Stats, tests)
         budgets = SharedTenantBudgets(registry, state)
         directory = RedisDirectory(registry, state, guard_id=guard_id)
