@@ -28,7 +28,7 @@ if _TESTS not in sys.path:
 
 import _hyp  # noqa: E402  (loads the hypothesis profile before any test module)
 
-CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+CI = _hyp.CI
 
 # Skips CI accepts, by a phrase of their reason: OpenLIT's releases require openai < 3, which
 # the frameworks' extras rule out, so its test runs only where it is installed.
