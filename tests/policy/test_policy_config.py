@@ -277,3 +277,12 @@ def test_price_book_without_cached_rate_bills_input() -> None:
     )
     assert cfg.prices == PriceBook("3", cfg.prices.models)
     assert cfg.prices.cost_usd("m", input_tokens=10**6, output_tokens=0, cached_tokens=10**6) == 1.0
+
+
+def test_redis_timeout_is_100_ms_unless_set_and_must_be_positive() -> None:
+    assert PolicyConfig.from_dict(None).guard.redis_timeout_ms == 100.0
+    cfg = PolicyConfig.from_dict({"guard": {"redis_timeout_ms": 2000}})
+    assert cfg.guard.redis_timeout_ms == 2000.0
+    for bad in (0, -5, "fast", float("nan")):
+        with pytest.raises(ConfigError, match="redis_timeout_ms"):
+            PolicyConfig.from_dict({"guard": {"redis_timeout_ms": bad}})
