@@ -116,13 +116,15 @@ def test_a_stopped_guard_hands_its_live_runs_to_the_next_with_their_counters() -
             run_id = box["run"].run_id
 
             def holder() -> int | None:
+                # connected: the guard that holds the run's stream (on a loaded machine the
+                # stream may still be connecting while the spans already list the run)
                 for i, p in enumerate(ports):
                     r = _listed(p).get(run_id)
-                    if r is not None and r.usage.steps == 5:
+                    if r is not None and r.connected and r.usage.steps == 5:
                         return i + 1  # 1-based: 0 is falsy
                 return None
 
-            first = wait_until(holder, 15, "the run listed with its 5 steps") - 1
+            first = wait_until(holder, 15, "the run's stream held, with its 5 steps") - 1
             other = 1 - first
             assert run_id not in _listed(ports[other])
             cms[first].__exit__(None, None, None)  # the guard holding the stream goes away
