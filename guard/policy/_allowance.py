@@ -12,12 +12,14 @@ Accounting, per tenant and per metric with a window (``cost_usd``, ``tokens``):
   outstanding grant into the window). Only usage *beyond* a grant (a run that did not ask, an
   estimate that was too low) can push the total past the limit, by exactly that excess.
 
-A grant answers a request for ``need`` more: it is ``max(need, chunk)`` capped by what is left
-(``chunk`` = ``fraction`` of the tightest window's limit, shrunk to an equal share of what is
-left among the runs holding grants), or nothing at all with ``exhausted`` when even ``need``
-does not fit. A run's first grant (nothing needed yet) is at least the last need asked for,
-room permitting, so it does not start below one typical call. A run that ends gives back its outstanding grant, except the part its final
-usage says is still on the way (spans that arrive after the run ended): that *tail* stays held
+A grant answers a request for ``need`` more with exactly ``need`` (the reservation of the
+call about to start), or nothing at all with ``exhausted`` when it does not fit. Nothing is
+granted ahead of a need, so what runs hold is what their calls in flight reserved (and what
+they spent that the guard has not seen yet): a run is refused only when the spend plus those
+reservations leave less than it asks, and no idle run sits on the tenant's window. A grant
+costs the agent one round trip on its control stream, which is small against the call it
+covers. A run that ends gives back its outstanding grant, except the part its final usage
+says is still on the way (spans that arrive after the run ended): that *tail* stays held
 until those spans are seen or ``tail_s`` passes.
 
 Pure: no I/O, and thread-safe (one lock per tenant).
@@ -46,7 +48,7 @@ def short_of_grant(
     """Why a grant was refused: the detail every guard gives for an exhausted allowance."""
     return (
         f"tenant {tenant}: {metric} needs {need:g} more, {available:g} left to grant "
-        f"(limit {limit:g}, used+held {used:g}, granted to live runs {out:g})"
+        f"(limit {limit:g}, spent {used:g}, reserved by runs in flight {out:g})"
     )
 
 
@@ -87,24 +89,17 @@ class TenantAllowances:
     (:meth:`_spec`), the tails looked at only when one is due.
     """
 
-    def __init__(self, budget: TenantBudget, *, fraction: float = 0.05, tail_s: float = 5.0):
-        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
-            raise InvalidInput(f"fraction must be in (0, 1], got {fraction!r}")
+    def __init__(self, budget: TenantBudget, *, tail_s: float = 5.0):
         self.budget = budget
-        self.fraction = fraction
         self.tail_s = tail_s
         self._entries: dict[str, _Entry] = {}
         # The budget's own lock and its list of outstanding grants per metric: its
         # reservations and these grants are checked against each other atomically.
         self._out = budget._granted
-        self._live = 0  # entries of live runs (the others are tails)
         # The tails by when they expire, a heap of (expires_at, run id): expiring them costs
         # O(log n) per tail instead of a scan of every entry at each grant (O(live runs) per
         # admission: 37% of the control path's CPU on benchmarks/bench_ingest.py's fleet).
         self._tails: list[tuple[float, str]] = []
-        # The last need asked for per metric: a new run's first grant is at least that much
-        # when there is room, so a run does not start with less than one typical call.
-        self._typical = [0.0, 0.0]
         self._lock = budget._lock
         self._spec_of: tuple[Any, tuple[float, float], tuple[bool, bool]] | None = None
 
@@ -139,8 +134,8 @@ class TenantAllowances:
         need_tokens: float = 0.0,
         seen: tuple[float, float] = (0.0, 0.0),
     ) -> AllowanceGrant:
-        """Grant ``run_id`` at least the ``need`` more (a chunk when nothing is needed, e.g.
-        at admission), all or nothing: when ``need`` does not fit under what the tenant has
+        """Grant ``run_id`` exactly the ``need`` more (nothing when nothing is needed, e.g.
+        at admission: its entry then starts at what it has ``seen``), all or nothing: when ``need`` does not fit under what the tenant has
         left, nothing changes and the answer is ``exhausted``. ``seen`` is the run's usage
         already in the windows when it is new here (a run re-registered after a restart)."""
         need = _finite_pair(need_cost_usd, need_tokens)
@@ -150,14 +145,11 @@ class TenantAllowances:
             e = self._entries.get(run_id)
             if e is None:
                 e = self._entries[run_id] = _Entry(list(_finite_pair(seen[0], seen[1])))
-                self._live += 1
             if e.expires_at is not None:  # ended: nothing more for it
                 return self._grant_locked(run_id, e)
             head = self.budget._headroom_locked(now)
             limits = self._spec()[1]
-            sharers = self._live if self._live > 1 else 1
-            out, typical = self._out, self._typical
-            add = [0.0, 0.0]
+            out = self._out
             for i in (0, 1):
                 h = head[i]
                 if h is None:
@@ -169,22 +161,17 @@ class TenantAllowances:
                 if n > available + _EPS:
                     self.budget._refused[i] = n  # new runs are denied meanwhile
                     return self._exhausted_locked(run_id, e, i, n, available, h, limits[i])
-                chunk = limits[i] * self.fraction
-                share = available / sharers
-                if share < chunk:
-                    chunk = share
-                if n:
-                    typical[i] = n
-                elif typical[i] > chunk:
-                    chunk = typical[i]
-                more = chunk if chunk > n else n
-                add[i] = more if more < available else available
             seen_, ceiling = e.seen, e.ceiling
             for i in (0, 1):
-                if add[i] > 0.0:
+                # exactly the need (capped by what is left, within _EPS): a grant is the
+                # call's own reservation, never a slice the run could sit on
+                n = need[i]
+                if n > 0.0 and head[i] is not None:
+                    available = head[i] - out[i]
+                    add = n if n < available else (available if available > 0.0 else 0.0)
                     s, c = seen_[i], ceiling[i]
                     before = c - s if c - s > 0.0 else 0.0
-                    c = ceiling[i] = (s if s > c else c) + add[i]
+                    c = ceiling[i] = (s if s > c else c) + add
                     out[i] += (c - s if c - s > 0.0 else 0.0) - before
             return self._grant_locked(run_id, e)
 
@@ -300,14 +287,11 @@ class TenantAllowances:
                 self._drop_locked(run_id)
             else:
                 e.expires_at = now + self.tail_s
-                self._live -= 1
                 heapq.heappush(self._tails, (e.expires_at, run_id))
 
     def _drop_locked(self, run_id: str) -> None:
         e = self._entries.pop(run_id, None)
         if e is not None:
-            if e.expires_at is None:
-                self._live -= 1
             out, seen, ceiling = self._out, e.seen, e.ceiling
             for i in (0, 1):
                 left = ceiling[i] - seen[i]

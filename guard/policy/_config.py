@@ -54,9 +54,11 @@ class GuardSettings:
     max_tracked_runs: int = 100_000
     heartbeat_interval_ms: int = 1000
     admit_timeout_ms: int = 200
-    # Tenant allowances (DESIGN §3.5): each grant to a run is at most this fraction of the
-    # tightest cost_usd / tokens window (and an equal share of what is left), and holds for
+    # Tenant allowances: a grant is exactly what a call asks for, and holds for
     # allowance_ttl_s unless renewed (the guard renews live runs' grants at half that).
+    # allowance_fraction sized grants made ahead of need; they let idle runs sit on a
+    # tenant's window, so grants no longer are: still accepted (validated, no effect) so that
+    # existing policy files keep loading.
     allowance_fraction: float = 0.05
     allowance_ttl_s: float = 30.0
     # Several replicas (serve --redis): while Redis is unreachable a replica enforces its own

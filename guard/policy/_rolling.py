@@ -70,7 +70,7 @@ def nothing_to_grant(
         metric,
         None,
         f"tenant {tenant}: {metric} has {left:g} left to grant, less than the {need:g} a "
-        f"run last needed (granted to live runs {granted:g})",
+        f"run last needed (reserved by runs in flight {granted:g})",
     )
 
 

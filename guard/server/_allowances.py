@@ -77,7 +77,6 @@ class Allowances:
         self.registry = registry
         self.tenants = tenants  # the windows the grants come out of (Tenants)
         settings = registry.config.guard
-        self.fraction = float(settings.allowance_fraction)
         self.ttl_s = float(settings.allowance_ttl_s)
         self._ledgers: dict[str, TenantAllowances | None] = {}
         self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
@@ -97,7 +96,7 @@ class Allowances:
         budget = self.tenants.budget(tenant)
         led = None
         if budget is not None:
-            led = TenantAllowances(budget, fraction=self.fraction, tail_s=_TAIL_S)
+            led = TenantAllowances(budget, tail_s=_TAIL_S)
             if not led.tracked():
                 led = None
         if budget is not None:  # unknown tenants beyond the cap are not remembered either

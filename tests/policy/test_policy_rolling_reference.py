@@ -178,7 +178,7 @@ class _Side:
 
     def __init__(self, cls: type, limits: TenantLimits) -> None:
         self.tb = cls("acme", limits)
-        self.led = TenantAllowances(self.tb, fraction=0.2)
+        self.led = TenantAllowances(self.tb)
         self.held: list[Any] = []
 
     def apply(self, op: tuple) -> Any:

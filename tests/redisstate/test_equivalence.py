@@ -81,12 +81,11 @@ async def run_both(url: str, ops: list[tuple], t0: float) -> None:
     now = [t0]
     tenant = f"eq{next(_names)}"
     budget = TenantBudget(tenant, LIMITS, buckets=BUCKETS)
-    ledger = TenantAllowances(budget, fraction=0.1, tail_s=5.0)
+    ledger = TenantAllowances(budget, tail_s=5.0)
     client = StateClient(url, socket_timeout_ms=10_000)  # the suite shares 2 cores
     red = RedisTenantBudgets(
         client,
         lambda t: LIMITS,
-        fraction=0.1,
         tail_s=5.0,
         lease_s=1e9,
         buckets=BUCKETS,

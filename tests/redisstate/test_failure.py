@@ -93,7 +93,9 @@ async def test_redis_restarted_empty_loses_windows_slots_and_grants_until_reconc
     st = await b.status(tenant)
     assert (st.live_runs, [w[2] for w in st.windows]) == (2, [4.0, 2.0])
     g = await b.grant(tenant, "a", seen=(1.0, 0.0))  # the entry comes back from its usage
-    assert g.max_cost_usd is not None and g.max_cost_usd > 1.0
+    assert g.max_cost_usd == pytest.approx(1.0)
+    g = await b.grant(tenant, "a", need_cost_usd=0.5, seen=(1.0, 0.0))
+    assert g.max_cost_usd == pytest.approx(1.5)
 
 
 async def test_keys_share_the_tenant_hash_tag_expire_and_never_mix_tenants(redis_server, client):

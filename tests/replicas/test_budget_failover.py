@@ -56,6 +56,11 @@ async def test_the_replica_a_run_left_never_frees_its_slot_or_grant(fleet, redis
     first = Agent(fleet["x"].address, tenant="acme")
     await first.connect(process_id="p1")
     assert (await first.start_run("r1", tid)).WhichOneof("body") == "admit"
+    ask = pb.AllowanceRequest(run_id="r1", request_id=1, cost_usd=0.1)  # a call's reservation
+    await first.outbox.put(pb.AgentMessage(allowance_request=ask))
+    await first.wait_for(
+        lambda m: m.WhichOneof("body") == "allowance" and m.allowance.request_id == 1
+    )
     live, ceiling = await _fleet_state(redis_url, "r1")
     assert live == 1 and ceiling is not None and ceiling > 0
     await first.close()  # x's stream drops: r1 is detached on x, within the grace

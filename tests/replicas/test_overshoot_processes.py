@@ -55,3 +55,27 @@ async def test_reserve_mode_overshoots_at_most_one_reservation_across_replicas(
     # the tenant is exhausted now: new runs (some registered through their process's Hello,
     # while its stream connects) are denied before they spend anything
     assert await _spent(endpoints, "t0") <= PRICE + 1e-9
+
+
+async def test_split_routing_stops_the_tenant_at_its_limit_never_before(fleet: Fleet, redis_url):
+    """The control stream on x, the spans on y (trace-ID routing), a third replica idle: the
+    run's spend counts once (its grant on x is not counted again on top of what y charged),
+    so the tenant is stopped within one call of its limit, never before it."""
+    limit = 0.105
+    window = [{"metric": "cost_usd", "limit": limit, "window_s": 3600}]
+    await fleet.start(redis_url, "xyz", tenants={"split": {"rolling": window}})
+    endpoint = f"{fleet['x'].address}|{fleet['y'].address}"
+    lines = await asyncio.to_thread(
+        agent_fleet,
+        [endpoint],
+        "split",
+        "reserve",
+        procs=1,
+        runs=1,
+        price=PRICE,
+        think_s=0.02,
+        timeout_s=60.0,
+    )
+    (ended,) = [x for x in lines if x["event"] == "ended"]
+    assert ended["reason"] == "tenant_budget", ended
+    assert limit - PRICE - 1e-9 <= ended["cost_usd"] <= limit + 1e-9, ended

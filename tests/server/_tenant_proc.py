@@ -6,6 +6,8 @@ once connected, waits for a line on stdin, then ``{"event": "ended", ...}`` per 
 
     python _tenant_proc.py ENDPOINT TENANT MODE RUNS COST_USD [THINK_S] [MAX_CALLS]
 
+ENDPOINT is ``host:port``, or ``CONTROL|SPANS`` to send the spans to another guard.
+
 MODE ``reserve``: every call inside ``step.reserve(cost_usd=COST_USD)``; ``plain``: usage
 reported after each call only.
 """
@@ -79,8 +81,12 @@ def main() -> int:
     think_s = float(sys.argv[6]) if len(sys.argv) > 6 else 0.001
     max_calls = int(sys.argv[7]) if len(sys.argv) > 7 else 10_000
     n_runs, price = int(runs), float(cost)
+    # "CONTROL|SPANS": the control stream to one guard, the spans to another (trace-ID
+    # routing of a collector in front of several replicas)
+    endpoint, _, span_endpoint = endpoint.partition("|")
     guard.configure(
         endpoint=endpoint,
+        span_endpoint=span_endpoint or None,
         tenant=tenant,
         admit_timeout_ms=2000,
         heartbeat_interval_ms=200,

@@ -34,12 +34,12 @@ async def _request(agent: Agent, run_id: str, rid: int, cost_usd: float) -> pb.A
 
 @pytest.fixture
 async def srv(sink):
-    cfg = config(tenants=TENANTS, guard={"allowance_fraction": 0.1})
+    cfg = config(tenants=TENANTS)
     async with GuardServer(cfg, listen="127.0.0.1:0", sink=sink) as s:
         yield s
 
 
-async def test_the_admit_brings_a_chunk_and_requests_never_oversell(srv):
+async def test_the_admit_brings_the_ceilings_and_requests_get_exactly_their_need(srv):
     a = Agent(srv.address)
     await a.connect()
     try:
@@ -50,15 +50,18 @@ async def test_the_admit_brings_a_chunk_and_requests_never_oversell(srv):
         )
         assert first < a.messages.index(admit)
         (al,) = _allowances(a, "r1")
-        assert al.HasField("max_cost_usd") and al.max_cost_usd == pytest.approx(0.1)
+        # nothing is lent ahead of a call: the ceiling is what the run spent (nothing)
+        assert al.HasField("max_cost_usd") and al.max_cost_usd == 0.0
         assert not al.HasField("max_tokens") and al.ttl_s > 0 and not al.exhausted
-        await a.start_run("r2", trace_id_of(2))  # its own chunk: 0.1
-        got = await _request(a, "r1", 7, 0.7)
+        await a.start_run("r2", trace_id_of(2))
+        assert (await _request(a, "r2", 6, 0.1)).max_cost_usd == pytest.approx(0.1)
+        got = await _request(a, "r1", 7, 0.8)
         assert got.max_cost_usd == pytest.approx(0.8) and not got.exhausted
         led = srv.registry.budgets.allowances.ledger("acme")
         assert led.outstanding()[0] == pytest.approx(0.9)
         over = await _request(a, "r2", 8, 0.2)  # 0.1 left to grant
         assert over.exhausted and "0.1 left to grant" in over.detail
+        assert "reserved by runs in flight 0.9)" in over.detail, over.detail
         assert over.max_cost_usd == pytest.approx(0.1)  # unchanged
         assert led.outstanding()[0] == pytest.approx(0.9)  # nothing changed
     finally:
@@ -71,7 +74,7 @@ async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
     led = srv.registry.budgets.allowances.ledger("acme")
     try:
         await a.start_run("r1", trace_id_of(1))
-        await _request(a, "r1", 1, 0.4)  # ceiling 0.5
+        await _request(a, "r1", 1, 0.5)  # ceiling 0.5
         await a.export(model_span("r1", trace_id_of(1), **{"guard.cost.usd": 0.3}))
         # applied by the next refresh (sweep, grant or release), not on the ingest path
         await wait_until_async(lambda: abs(led.outstanding()[0] - 0.2) < 1e-9)
@@ -79,7 +82,8 @@ async def test_spend_moves_into_the_window_and_every_way_out_releases(srv):
         await wait_until_async(lambda: "r1" not in srv.registry.runs)
         assert led.outstanding()[0] == pytest.approx(0.0) and "r1" not in led
         # agent_lost: the stream drops and the grace period passes
-        await a.start_run("r2", trace_id_of(2))  # starts with the tenant's last need: 0.4
+        await a.start_run("r2", trace_id_of(2))
+        await _request(a, "r2", 2, 0.4)
         assert led.outstanding()[0] == pytest.approx(0.4)
     finally:
         await a.close()

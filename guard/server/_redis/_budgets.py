@@ -131,15 +131,12 @@ class RedisTenantBudgets:
         client: StateClient,
         limits_of: Callable[[str], TenantLimits],
         *,
-        fraction: float = 0.05,
         tail_s: float = 5.0,
         lease_s: float = 30.0,
         buckets: int = 60,
         prefix: str = "og",
         clock: Callable[[], float] | None = None,
     ) -> None:
-        if not (math.isfinite(fraction) and 0.0 < fraction <= 1.0):
-            raise InvalidInput(f"fraction must be in (0, 1], got {fraction!r}")
         if not (isinstance(buckets, int) and 1 <= buckets <= 1000):
             raise InvalidInput(f"buckets must be an int in [1, 1000], got {buckets!r}")
         self.client = client
@@ -147,7 +144,7 @@ class RedisTenantBudgets:
         self._limits_of = limits_of
         self._clock = clock
         self._prefix = prefix
-        self._tail = [str(buckets), repr(float(lease_s)), repr(float(tail_s)), repr(fraction)]
+        self._tail = [str(buckets), repr(float(lease_s)), repr(float(tail_s))]
         self._specs: dict[str, _Spec] = {}
 
     @property

@@ -39,9 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["FleetDesk"]
 
-_OBSERVE_S = 0.25  # noted spend goes with the next request's pipeline at most this late
-_IDLE_FLUSH_S = 1.0  # and on its own pipeline when no request came for this long
-
 
 class FleetDesk:
     """Grants of one replica's runs out of the fleet's windows (see the module docstring)."""
@@ -55,13 +52,12 @@ class FleetDesk:
         self._asks: list[tuple[Any, ...]] = []
         # runs whose spend Redis's grants do not have yet
         self._dirty: OrderedSet[RunState] = OrderedSet()
-        self._renewed_at = self._flushed_at = shared.registry.clock()
+        self._renewed_at = shared.registry.clock()
 
     @property
     def busy(self) -> bool:
-        """Whether anything waits for the next pipeline (noted spend: once it is due)."""
-        due = self._dirty and self.shared.registry.clock() - self._flushed_at >= _IDLE_FLUSH_S
-        return bool(self.observed or self._asks or due)
+        """Whether anything waits for the next pipeline."""
+        return bool(self.observed or self._asks or self._dirty)
 
     def tracked(self, tenant: str) -> bool:
         """Whether ``tenant`` has a cost_usd or tokens window (grants to hand out)."""
@@ -94,8 +90,7 @@ class FleetDesk:
 
     def observe(self, touched: Any) -> None:
         """Only noted (the span path): the touched runs' spend moves from their grants into
-        the windows with the next grant, or within ``_OBSERVE_S``. Until then the grants are
-        over-counted, which only ever grants less."""
+        the windows in the next pipeline, the one that records that spend."""
         if self.shared.down:
             self.desk.observe(touched)  # the in-memory desk grants meanwhile
         self._dirty.update(touched)
@@ -107,7 +102,6 @@ class FleetDesk:
             root = root_of(run)
             if self.tracked(root.tenant):
                 observed.setdefault(root.tenant, {})[root.run_id] = seen_of(root)
-        self._flushed_at = self.shared.registry.clock()
 
     def release(self, run: RunState, outcome: Any) -> Call | None:
         """The run ended (once per way out; ``outcome``: the agent's RunEnded, whose final
@@ -158,11 +152,11 @@ class FleetDesk:
         self.shared.registry.stats["allowance_grants"] += 1
         return None
 
-    def take(self, grants: bool) -> tuple[dict[str, dict[str, tuple[float, float]]], list]:
-        """What the next pipeline carries: the runs' spend (when it grants, ``grants``, or
-        asks, or the noted spend is ``_OBSERVE_S`` old), the asks."""
-        due = self.shared.registry.clock() - self._flushed_at >= _OBSERVE_S
-        if self._dirty and (grants or self._asks or due):
+    def take(self) -> tuple[dict[str, dict[str, tuple[float, float]]], list]:
+        """What the next pipeline carries: the touched runs' spend (always in the pipeline
+        that records the same spend into the windows: a spend in the windows that the grants
+        do not show yet is counted twice, and refuses runs while money is left), the asks."""
+        if self._dirty:
             self._note()
         observed, self.observed = self.observed, {}
         asks, self._asks = self._asks, []

@@ -10,14 +10,14 @@ increment, and a key that does not exist yet is created by the script with its f
 
 KEYS (all share the tenant's hash tag, so one script's keys live in one cluster slot):
   1 agg    hash  o1 o2 (outstanding grants cost_usd/tokens), live (live grant entries),
-                 t1 t2 (last need asked), r1 r2 (last need refused)
+                 r1 r2 (last need refused)
   2 slots  zset  run_id -> lease expiry (concurrency slots)
   3 grants hash  run_id -> "seen1 seen2 ceil1 ceil2 L|T" (L = live, T = ended, its tail)
   4 exp    zset  run_id -> when its grant entry is dropped (lease expiry, or tail expiry)
   5..      hash  one per rolling limit: h (newest bucket id), s (running sum),
                  <bucket id> -> sum of that bucket
 ARGV: op, now ('' = Redis TIME), nwin, nwin x (metric, limit, window_s), buckets,
-  max_concurrent_runs ('' = none), lease_s, tail_s, fraction, keep_ms, then the op's own.
+  max_concurrent_runs ('' = none), lease_s, tail_s, keep_ms, then the op's own.
 Numbers go back as strings (Lua numbers would be truncated to integers by Redis).
 """
 
@@ -44,9 +44,9 @@ for i = 1, nwin do
 end
 local buckets = tonumber(ARGV[p])
 local cap = tonumber(ARGV[p + 1])
-local lease_s, tail_s, fraction = tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-local keep_ms = tonumber(ARGV[p + 5])
-p = p + 6
+local lease_s, tail_s = tonumber(ARGV[p + 2]), tonumber(ARGV[p + 3])
+local keep_ms = tonumber(ARGV[p + 4])
+p = p + 5
 local AGG, SLOTS, GRANTS, EXP = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 -- windows -------------------------------------------------------------------------------
@@ -124,9 +124,9 @@ end
 local A
 local function agg()
   if not A then
-    local r = redis.call('HMGET', AGG, 'o1', 'o2', 'live', 't1', 't2', 'r1', 'r2')
+    local r = redis.call('HMGET', AGG, 'o1', 'o2', 'live', 'r1', 'r2')
     A = {o = {tonumber(r[1]) or 0, tonumber(r[2]) or 0}, live = tonumber(r[3]) or 0,
-         t = {tonumber(r[4]) or 0, tonumber(r[5]) or 0}, r = {tonumber(r[6]) or 0, tonumber(r[7]) or 0}}
+         r = {tonumber(r[4]) or 0, tonumber(r[5]) or 0}}
   end
   return A
 end
@@ -199,8 +199,6 @@ local function grant(rid, need, seen)
     local j = AM[W[i].metric]
     if j then limits[j] = math.min(limits[j], W[i].limit) end
   end
-  local sharers = math.max(1, a.live)
-  local addv = {0.0, 0.0}
   for i = 1, 2 do
     local h = head[i]
     if h ~= nil then
@@ -214,15 +212,14 @@ local function grant(rid, need, seen)
         end
         return r
       end
-      local chunk = math.min(limits[i] * fraction, available / sharers)
-      if need[i] ~= 0 then a.t[i] = need[i] else chunk = math.max(chunk, a.t[i]) end
-      addv[i] = math.min(available, math.max(need[i], chunk))
     end
   end
-  for i = 1, 2 do
-    if addv[i] > 0.0 then
+  for i = 1, 2 do  -- exactly the need: nothing is granted ahead of a call
+    local h = head[i]
+    if h ~= nil and need[i] > 0.0 then
+      local add = math.min(need[i], math.max(0.0, h - a.o[i]))
       local before = outst(e, i)
-      e.ceil[i] = math.max(e.ceil[i], e.seen[i]) + addv[i]
+      e.ceil[i] = math.max(e.ceil[i], e.seen[i]) + add
       a.o[i] = a.o[i] + outst(e, i) - before
     end
   end
@@ -356,7 +353,7 @@ for i = 1, nwin do
 end
 if A and A.dirty then
   redis.call('HSET', AGG, 'o1', fmt(A.o[1]), 'o2', fmt(A.o[2]), 'live', fmt(A.live),
-             't1', fmt(A.t[1]), 't2', fmt(A.t[2]), 'r1', fmt(A.r[1]), 'r2', fmt(A.r[2]))
+             'r1', fmt(A.r[1]), 'r2', fmt(A.r[2]))
 end
 -- the state keys' TTL moves with every operation on runs (a record only changes keys that
 -- exist and that the runs' heartbeats keep alive)

@@ -95,7 +95,6 @@ class SharedTenantBudgets:
         self.remote = RedisTenantBudgets(
             state,
             registry.config.tenant_limits,
-            fraction=float(cfg.allowance_fraction),
             lease_s=float(cfg.slot_lease_s),
         )
         self.fail_closed = bool(cfg.fail_closed)
@@ -226,7 +225,7 @@ class SharedTenantBudgets:
         usage, self._usage = self._usage, {}
         admits, self._admits = self._admits, []
         ends, self._ends = self._ends, {}
-        observed, asks = fleet.take(any(a[3] is not None for a in admits))
+        observed, asks = fleet.take()
         r = self.remote
         tenants = list(usage.keys() | observed.keys())
         calls = list(ends.values())
