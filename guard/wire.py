@@ -112,6 +112,7 @@ def limits_to_pb(limits: Limits | None) -> pb.Limits:
     msg.loop.repeat_threshold = loop.repeat_threshold
     msg.loop.no_progress_steps = loop.no_progress_steps
     msg.pause_freezes_deadline = bool(limits.pause_freezes_deadline)
+    msg.implicit_estimates = bool(limits.implicit_estimates)
     return msg
 
 
@@ -158,6 +159,8 @@ def limits_from_pb(msg: pb.Limits | None) -> Limits:
         )
     if msg.HasField("pause_freezes_deadline"):
         kw["pause_freezes_deadline"] = bool(msg.pause_freezes_deadline)
+    if msg.HasField("implicit_estimates"):  # unset (an older peer): the default, on
+        kw["implicit_estimates"] = bool(msg.implicit_estimates)
     return Limits(**kw)
 
 

@@ -9,9 +9,11 @@ An integration adapts one library; the guarding is done here, once, with the SDK
 * :func:`begin_model_call` / :func:`abegin_model_call` guard one model call before it leaves:
   a cancelled or stopped run raises ``RunStopped`` (so at most the call in flight completes
   after a cancel), a step is inferred when the code opened none (:func:`step_for`), and the
-  request's max tokens are reserved against the run, its ancestors and its tenant
-  (``step.reserve``). :meth:`ModelCall.finish` records the usage and the response id once and
-  settles the reservation; :meth:`ModelCall.fail` records a model error.
+  whole request (its prompt counted from the request, and its output: ``max_tokens``, else
+  the run's largest reply so far; :mod:`guard.integrations._estimate`) is reserved against
+  the run, its ancestors and its tenant (``step.reserve``). :meth:`ModelCall.finish` records
+  the usage and the response id once and settles the reservation; :meth:`ModelCall.fail`
+  records a model error.
 * :func:`admit_tool` admits one tool call before it runs (a stopped run or an exhausted quota
   raises ``RunStopped`` and the tool does not run); :meth:`ToolCall.done` records its
   fingerprint and result hash in-process, so loop detection sees it and no raw argument leaves.
@@ -38,6 +40,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from guard.errors import RunStopped
+from guard.integrations._estimate import Prompt, output_tokens, prompt_tokens
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
 from guard.sdk._foreign import note_integrated
@@ -49,6 +52,7 @@ from guard.sdk._step import Step, _current_step, current_step
 __all__ = [
     "COUNTED_KEY",
     "ModelCall",
+    "Prompt",
     "ToolCall",
     "Usage",
     "abegin_model_call",
@@ -331,10 +335,21 @@ class ModelCall:
                 res.__exit__(None, None, None)
 
 
-def _reservation(run: Run, model: str, max_tokens: int | None) -> Any:
-    if not max_tokens or max_tokens < 0:
+def _reservation(run: Run, model: str, max_tokens: int | None, prompt: Prompt | None) -> Any:
+    """The whole request, held before it leaves: its prompt at the model's input rate and
+    the output it may take (``_estimate.output_tokens``) at the output rate."""
+    max_tokens = max_tokens if max_tokens is not None and max_tokens > 0 else None
+    input_tokens = None
+    try:
+        input_tokens = None if prompt is None else prompt_tokens(model, prompt)
+    except Exception:  # still guarded: the output alone is reserved
+        note_error("estimating a model request's prompt")
+    if input_tokens is None and max_tokens is None:
         return None  # nothing to estimate from: usage is reported after the call
-    return make_reservation(run, None, int(max_tokens), model)
+    out = output_tokens(run, model, max_tokens)
+    return make_reservation(
+        run, None, None, model, input_tokens=input_tokens or 0, output_tokens=out
+    )
 
 
 def _held(res: Any) -> Any:
@@ -356,21 +371,27 @@ def _or_unguarded(site: str) -> Iterator[None]:
         note_error(site)
 
 
-def _begin(run: Run, model: str, max_tokens: int | None) -> tuple[Step, Any]:
+def _begin(run: Run, model: str, max_tokens: int | None, prompt: Prompt | None) -> tuple[Step, Any]:
     run.check_stop()  # a cancelled or stopped run: nothing more leaves
-    return step_for(run, new_turn=True), _reservation(run, model, max_tokens)
+    return step_for(run, new_turn=True), _reservation(run, model, max_tokens, prompt)
 
 
 def begin_model_call(
-    run: Run, *, model: str, max_tokens: int | None = None, operation: str = "chat"
+    run: Run,
+    *,
+    model: str,
+    max_tokens: int | None = None,
+    operation: str = "chat",
+    prompt: Prompt | None = None,
 ) -> ModelCall | None:
-    """Before a model call leaves (sync): stop check, step, reservation of ``max_tokens``.
+    """Before a model call leaves (sync): stop check, step, reservation of the request (its
+    ``prompt``, what it sends, and its ``max_tokens`` or an estimate of its reply).
 
     ``RunStopped`` when the run is cancelled or stopped, or the reservation cannot be covered;
     ``None`` when the guard side failed (the call then goes on unguarded; counted).
     """
     with _or_unguarded("guarding a model call"):
-        step, res = _begin(run, model, max_tokens)
+        step, res = _begin(run, model, max_tokens, prompt)
         if res is not None:
             _held(res.__enter__())
         return ModelCall(run, step, model, operation, res)
@@ -378,11 +399,16 @@ def begin_model_call(
 
 
 async def abegin_model_call(
-    run: Run, *, model: str, max_tokens: int | None = None, operation: str = "chat"
+    run: Run,
+    *,
+    model: str,
+    max_tokens: int | None = None,
+    operation: str = "chat",
+    prompt: Prompt | None = None,
 ) -> ModelCall | None:
     """:func:`begin_model_call` for async code (the tenant allowance wait does not block)."""
     with _or_unguarded("guarding a model call"):
-        step, res = _begin(run, model, max_tokens)
+        step, res = _begin(run, model, max_tokens, prompt)
         if res is not None:
             _held(await res.__aenter__())
         return ModelCall(run, step, model, operation, res)

@@ -68,6 +68,7 @@ class Request(NamedTuple):
     max_tokens: int | None
     operation: str
     note: Any = None  # the integration's own, handed to its After (e.g. "usage was asked for")
+    prompt: Any = None  # what the request sends (an _estimate.Prompt), for its reservation
 
 
 # (run, the call's keyword arguments) -> Request; may record the tool calls the request's
@@ -76,6 +77,11 @@ Prepare = Callable[[Run, dict[str, Any]], Request]
 # (call, what the method returned, Request.note, is_async) -> what the caller gets: the result
 # recorded, or a stream / raw response wrapped to record it later.
 After = Callable[[ModelCall, Any, Any, bool], Any]
+
+
+def _guarding(req: Request) -> dict[str, Any]:
+    """``begin_model_call``'s arguments for ``req``."""
+    return {f: getattr(req, f) for f in ("model", "max_tokens", "operation", "prompt")}
 
 
 def _read(prepare: Prepare, run: Run, kwargs: dict[str, Any]) -> Request | None:
@@ -130,9 +136,7 @@ def wrap_method(
             req = _read(prepare, run, kwargs)
             call = None
             if req is not None:
-                call = await abegin_model_call(
-                    run, model=req.model, max_tokens=req.max_tokens, operation=req.operation
-                )
+                call = await abegin_model_call(run, **_guarding(req))
             if call is None:  # req is None too, or the guard side failed: unguarded
                 return await orig(self, *args, **kwargs)
             try:
@@ -154,9 +158,7 @@ def wrap_method(
         req = _read(prepare, run, kwargs)
         call = None
         if req is not None:
-            call = begin_model_call(
-                run, model=req.model, max_tokens=req.max_tokens, operation=req.operation
-            )
+            call = begin_model_call(run, **_guarding(req))
         if call is None:
             return orig(self, *args, **kwargs)
         try:

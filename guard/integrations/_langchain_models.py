@@ -24,6 +24,7 @@ from typing import Any
 from guard.errors import RunStopped
 from guard.integrations._base import (
     ModelCall,
+    Prompt,
     Usage,
     abegin_model_call,
     active_run,
@@ -105,6 +106,12 @@ def _request(model: Any, stop: Any, kwargs: dict[str, Any]) -> tuple[str, int | 
     return str(name), max_tokens if type(max_tokens) is int and max_tokens > 0 else None
 
 
+def _prompt(messages: Any, kwargs: dict[str, Any]) -> Prompt:
+    """What the call sends: its messages (a list, or a ``stream`` input: a string, a
+    ``PromptValue``, message tuples) and the tools ``bind_tools`` passed."""
+    return Prompt(messages, tools=kwargs.get("tools"))
+
+
 def _int(d: Any, key: str) -> int:
     v = d.get(key) if isinstance(d, dict) else None
     return v if type(v) is int and v >= 0 else 0
@@ -162,7 +169,9 @@ def wrap_generate(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., 
         try:
             run, model, max_tokens = _begin(self, stop, kw)
             call = (
-                begin_model_call(run, model=model, max_tokens=max_tokens)
+                begin_model_call(
+                    run, model=model, max_tokens=max_tokens, prompt=_prompt(messages, kw)
+                )
                 if run is not None
                 else None
             )
@@ -190,7 +199,9 @@ def wrap_agenerate(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[...,
         try:
             run, model, max_tokens = _begin(self, stop, kw)
             call = (
-                await abegin_model_call(run, model=model, max_tokens=max_tokens)
+                await abegin_model_call(
+                    run, model=model, max_tokens=max_tokens, prompt=_prompt(messages, kw)
+                )
                 if run is not None
                 else None
             )
@@ -264,7 +275,7 @@ def wrap_stream(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., An
             if run is not None and not _streams(self, False, kw):
                 run = None
             call = (
-                begin_model_call(run, model=model, max_tokens=max_tokens)
+                begin_model_call(run, model=model, max_tokens=max_tokens, prompt=_prompt(input, kw))
                 if run is not None
                 else None
             )
@@ -296,7 +307,9 @@ def wrap_astream(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., A
             if run is not None and not _streams(self, True, kw):
                 run = None
             call = (
-                await abegin_model_call(run, model=model, max_tokens=max_tokens)
+                await abegin_model_call(
+                    run, model=model, max_tokens=max_tokens, prompt=_prompt(input, kw)
+                )
                 if run is not None
                 else None
             )

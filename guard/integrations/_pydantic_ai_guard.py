@@ -5,8 +5,9 @@ framework's own extension point, so no private code path of the framework is pat
 
 * ``get_wrapper_model`` wraps the model that serves each request attempt in
   :class:`GuardedModel`, which counts it once (stop check, inferred step and reservation of the
-  request's ``max_tokens`` before it leaves; usage and response id after), unless the call goes
-  through an ``openai`` or ``anthropic`` client while that client's integration is on: that
+  request before it leaves: its messages, instructions and tools, and its ``max_tokens``;
+  usage and response id after), unless the call goes through an ``openai`` or
+  ``anthropic`` client while that client's integration is on: that
   layer counts, reserves and stops it already, so it is left alone there (counted once).
 * ``wrap_tool_execute`` admits each tool call before the tool runs (``RunStopped`` when the run
   is stopped or the tool quota is used up), records its fingerprint and result hash in-process
@@ -43,6 +44,7 @@ from guard.integrations import enabled
 from guard.integrations._base import (
     COUNTED_KEY,
     ModelCall,
+    Prompt,
     Usage,
     abegin_model_call,
     active_run,
@@ -56,6 +58,16 @@ __all__ = ["GuardCapability", "GuardedModel"]
 def _max_tokens(settings: Any) -> int | None:
     v = settings.get("max_tokens") if isinstance(settings, dict) else None
     return v if type(v) is int and v > 0 else None
+
+
+def _prompt(messages: Any, params: Any) -> Prompt:
+    """What the request sends: its messages (``ModelRequest`` / ``ModelResponse`` parts and
+    instructions) and its tool definitions (function and output tools)."""
+    tools = [
+        *(getattr(params, "function_tools", None) or ()),
+        *(getattr(params, "output_tools", None) or ()),
+    ]
+    return Prompt(messages, tools=tools or None)
 
 
 def _int(v: Any) -> int:
@@ -117,16 +129,19 @@ def _calls_client(model: Any, clients: tuple[type, ...]) -> bool:
 class GuardedModel(WrapperModel):
     """The serving model of one request attempt, counted, reserved and stop-checked here."""
 
-    async def _begin(self, settings: Any) -> ModelCall | None:
+    async def _begin(self, messages: Any, settings: Any, params: Any) -> ModelCall | None:
         run = active_run()
         if run is None:
             return None
         return await abegin_model_call(
-            run, model=self.model_name or "unknown", max_tokens=_max_tokens(settings)
+            run,
+            model=self.model_name or "unknown",
+            max_tokens=_max_tokens(settings),
+            prompt=_prompt(messages, params),
         )
 
     async def request(self, messages: Any, model_settings: Any, params: Any) -> Any:
-        call = await self._begin(model_settings)
+        call = await self._begin(messages, model_settings, params)
         if call is None:
             return await self.wrapped.request(messages, model_settings, params)
         try:
@@ -142,7 +157,7 @@ class GuardedModel(WrapperModel):
     async def request_stream(
         self, messages: Any, model_settings: Any, params: Any, run_context: Any = None
     ) -> AsyncIterator[Any]:
-        call = await self._begin(model_settings)
+        call = await self._begin(messages, model_settings, params)
         if call is None:
             async with self.wrapped.request_stream(
                 messages, model_settings, params, run_context

@@ -5,11 +5,12 @@ and of their beta twins (``client.beta.messages``, which LangChain's ``ChatAnthr
 when betas are set, and Pydantic AI's Anthropic model always), so every client is covered,
 including clients made before ``guard.instrument()``. Inside a ``@guard.run`` each call is guarded by :mod:`guard.integrations._base` the way the ``openai``
 integration guards its client (the same wrapper, :mod:`guard.integrations._client`): a stop
-check and an inferred step before the request leaves, the request's ``max_tokens`` (which
-Anthropic requires) reserved, the usage and the response id (``msg_...``) recorded once. A
-stream (``stream=True``, or the ``messages.stream(...)`` helper, whose ``text_stream``,
-``until_done()`` and ``get_final_message()`` read the same guarded stream) raises
-``RunStopped`` at the next event after a cancel and closes the HTTP response.
+check and an inferred step before the request leaves, the request's prompt (``system``,
+``messages``, ``tools``) and its ``max_tokens`` (which Anthropic requires) reserved, the
+usage and the response id (``msg_...``) recorded once. A stream (``stream=True``, or the
+``messages.stream(...)`` helper, whose ``text_stream``, ``until_done()`` and
+``get_final_message()`` read the same guarded stream) raises ``RunStopped`` at the next
+event after a cancel and closes the HTTP response.
 ``with_raw_response`` and ``with_streaming_response`` are recorded when their body is parsed.
 
 Usage, mapped to the guard's (GenAI) meaning, where input tokens are the whole prompt::
@@ -50,6 +51,7 @@ from guard.integrations._client import (
     wrap_method,
 )
 from guard.integrations._conversation import note_tools
+from guard.integrations._estimate import request_prompt
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable", "usage"]
 
@@ -159,6 +161,7 @@ def _prepare(run: Any, kw: dict[str, Any]) -> Request:
         m if isinstance(m, str) and m else "unknown",
         mt if type(mt) is int and mt > 0 else None,
         "chat",
+        prompt=request_prompt(kw),  # system, messages and tools: reserved with max_tokens
     )
 
 

@@ -4,8 +4,9 @@
 ``AsyncCompletions``, ``Responses``, ``AsyncResponses``), so every client is covered, including
 clients made before ``guard.instrument()``; the ``.stream()`` helpers call ``create``. Inside a
 ``@guard.run`` each call is guarded by :mod:`guard.integrations._base`: a stop check and an
-inferred step before the request leaves, the request's max tokens reserved, the usage and the
-response id recorded once. A stream is wrapped: it raises ``RunStopped`` at the next chunk
+inferred step before the request leaves, the whole request reserved (its ``messages`` /
+``input``, ``instructions`` and ``tools``, and its max tokens or an estimate of the reply:
+:mod:`guard.integrations._estimate`), the usage and the response id recorded once. A stream is wrapped: it raises ``RunStopped`` at the next chunk
 after a cancel and closes the HTTP response. A chat stream asks the server for its usage
 (``stream_options.include_usage``) unless the caller set ``stream_options``; the extra usage
 chunk is then consumed here, so the caller's iteration is unchanged.
@@ -29,6 +30,7 @@ from guard.integrations._client import (
     wrap_method,
 )
 from guard.integrations._conversation import note_tools
+from guard.integrations._estimate import request_prompt
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable"]
 
@@ -161,7 +163,7 @@ def _wrap(orig: Any, *, api: str, is_async: bool) -> Any:
     def prepare(run: Any, kw: dict[str, Any]) -> Request:
         note_tools(run, api, kw)  # the tools a hand-written loop ran since the last call
         asked = _ask_for_usage(api, kw)
-        return Request(_model(kw), _max_tokens(api, kw), _OPERATION[api], asked)
+        return Request(_model(kw), _max_tokens(api, kw), _OPERATION[api], asked, request_prompt(kw))
 
     def after(call: ModelCall, result: Any, asked: Any, is_async: bool) -> Any:
         return _after(call, api, result, asked, is_async)

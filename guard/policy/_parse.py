@@ -135,6 +135,7 @@ def parse_limits(v: Any, path: str, *, base: Limits | None = None) -> Limits:
     base = base if base is not None else Limits()
     allowed = set(_INT_LIMITS) | set(_FLOAT_LIMITS)
     allowed |= {"soft_thresholds", "loop", "pause_freezes_deadline", "timeout_margin_s"}
+    allowed.add("implicit_estimates")
     check_keys(d, allowed, path)
     kw: dict[str, Any] = {}
     for name in _INT_LIMITS:
@@ -159,13 +160,12 @@ def parse_limits(v: Any, path: str, *, base: Limits | None = None) -> Limits:
         kw["soft_thresholds"] = vals
     if "loop" in d:
         kw["loop"] = parse_loop(d["loop"], f"{path}.loop", base.loop)
-    if "pause_freezes_deadline" in d:
-        b = d["pause_freezes_deadline"]
-        if not isinstance(b, bool):
-            raise ConfigError(
-                f"must be true or false, got {_type(b)}", path=f"{path}.pause_freezes_deadline"
-            )
-        kw["pause_freezes_deadline"] = b
+    for name in ("pause_freezes_deadline", "implicit_estimates"):
+        if name in d:
+            b = d[name]
+            if not isinstance(b, bool):
+                raise ConfigError(f"must be true or false, got {_type(b)}", path=f"{path}.{name}")
+            kw[name] = b
     if "timeout_margin_s" in d:
         kw["timeout_margin_s"] = req_float(
             d["timeout_margin_s"], f"{path}.timeout_margin_s", minimum=0.0

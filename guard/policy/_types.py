@@ -173,6 +173,9 @@ class Limits:
     loop: LoopSettings = field(default_factory=LoopSettings)
     pause_freezes_deadline: bool = False
     timeout_margin_s: float = 0.5  # run.timeout() ends this long before the deadline
+    # A step or paid tool call reserved by nothing explicit holds the run's mean cost (and
+    # tokens) per step / per call of that tool while it runs (guard.sdk._implicit).
+    implicit_estimates: bool = True
 
     def tighten(self, other: Limits | None) -> Limits:
         """Return the tightest combination of two limit sets (a ``None`` side loses)."""
@@ -194,6 +197,10 @@ class Limits:
                 merged[f.name] = a and b  # a frozen deadline is the looser choice
             elif f.name == "timeout_margin_s":
                 merged[f.name] = max(a, b)
+            elif f.name == "implicit_estimates":
+                # A switch, not a limit: held only while neither side turned it off (the
+                # decorator's side is on unless a Limits object says otherwise).
+                merged[f.name] = a and b
             elif a is None or b is None:
                 merged[f.name] = b if a is None else a
             else:

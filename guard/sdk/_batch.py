@@ -23,6 +23,7 @@ from guard.errors import BudgetExceeded, RunStopped
 from guard.policy import Action, LoopVerdict, Phase
 from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, current_batch, current_call, record_tool_call
+from guard.sdk._implicit import tool_estimate
 from guard.sdk._reserve import budget_stop, tenant_reserve_sync
 from guard.sdk._run import Run, current_run_or_none
 from guard.sdk._step import current_step
@@ -121,8 +122,13 @@ class ToolBatch:
             n_ok = 0
             paid = False
             refused: BudgetExceeded | None = None
+            estimated = ""  # the refused call's price was an implicit estimate: which one
             for call in self.calls:
                 price = cost_usd(call) if callable(cost_usd) else cost_usd
+                if price is None and run.means.tools:  # the tool's mean so far (implicit)
+                    est = tool_estimate(run, call_name_args(call)[0])
+                    if est is not None:
+                        price, estimated = est
                 price = check_money("cost_usd", price) if price is not None else 0.0
                 try:
                     slot = run.budget.reserve(tool_calls=1, cost_usd=price)
@@ -140,6 +146,7 @@ class ToolBatch:
                         f"requested={exc.requested:g}, available={exc.available:g})"
                     )
                     break
+                estimated = ""
                 paid = paid or price > 0
                 self._slots.append(slot)
                 n_ok += 1
@@ -147,7 +154,8 @@ class ToolBatch:
                 # Not one call fits the money left: the run cannot go on, so it stops with that
                 # budget's reason, instead of answering every call with a rejection and leaving
                 # the loop to spin on empty batches until another limit ends it.
-                budget_stop(run, refused, f"no call of a batch of {len(self.calls)} fits")
+                fits = f"no call of a batch of {len(self.calls)} fits"
+                budget_stop(run, refused, f"{fits} ({estimated})" if estimated else fits)
             if paid:
                 try:  # the tenant's allowance must cover the admitted calls' prices too
                     tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)

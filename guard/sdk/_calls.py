@@ -99,13 +99,13 @@ def emit_call_span(
     span.end()
 
 
-def reserve_tool(run: Run, cost_usd: float | None = None) -> Reservation | None:
+def reserve_tool(run: Run, cost_usd: float | None = None, context: str = "") -> Reservation | None:
     """Admit one tool call before it runs (refuse new work; never oversell the quota).
 
     Uses a slot reserved by an enclosing tool batch when there is one. A paid tool
     (``cost_usd``) also reserves its price against the run, its ancestors and its tenant.
     Raises ``RunStopped`` (``max_tool_calls``, ``cost_budget``, ``tenant_budget``) when the
-    call cannot be covered.
+    call cannot be covered; ``context`` says where the price came from (an implicit estimate).
     """
     run.check_stop()
     batch = current_batch.get()
@@ -119,7 +119,7 @@ def reserve_tool(run: Run, cost_usd: float | None = None) -> Reservation | None:
         res = run.budget.reserve(tool_calls=1, cost_usd=cost_usd or 0.0)
     except BudgetExceeded as exc:
         if exc.metric != "tool_calls":
-            budget_stop(run, exc)
+            budget_stop(run, exc, context)
         u = run.budget.usage()
         msg = f"max_tool_calls reached (tool_calls={u.tool_calls}, available={exc.available:g})"
         d = Decision(Action.STOP, RunStatus.TERMINATED, Reason.MAX_TOOL_CALLS, message=msg)
@@ -189,6 +189,8 @@ def record_tool_call(
     seq = 0
     if not quick:
         seq = run.budget.record_tool_calls(1, attempts=attempts, cost_usd=cost_usd)
+        if cost_usd is not None:  # the tool's mean cost per call (implicit estimates)
+            run.means.add_tool(name, cost_usd)
         if reservation is not None:
             reservation.release()  # after recording: the slot is never free twice
     verdict = run.observe_action(name, action, result_hash, error is None)

@@ -44,6 +44,7 @@ from guard import semconv as A
 from guard.policy import Phase
 from guard.sdk._calls import MISSING, record_tool_call
 from guard.sdk._foreign_calls import CallLedger, RunCalls, calls_of, native_tools, note_integrated
+from guard.sdk._implicit import note_call
 from guard.sdk._redact import copy_span
 from guard.sdk._reserve import current_reservation
 from guard.sdk._run import _current as _current_run
@@ -259,7 +260,7 @@ class ForeignSpans(SpanProcessor):
             if model
             else None
         )
-        sres = current_reservation.get()
+        sres = current_reservation.get() or (step._implicit if step is not None else None)
         settles = sres.take() if sres is not None and sres.run is run else None
         seq, d = run.budget.model_call_escalation(
             inp, out, reasoning, cached, cost, run.soft_rank, settles
@@ -268,6 +269,8 @@ class ForeignSpans(SpanProcessor):
         calls.add(span_id, parent_id)
         if ledger is not None:
             ledger.counted.append((response_id, inp, out, cost))
+        if step is not None:
+            note_call(step, cost, inp + out)  # the step's spend: the run's mean per step
         run.did_work = True
         # a stop is raised at the run's next SDK call (a span processor never raises)
         run.after_call(_AFTER_MODEL, d, spent=(cost, inp + out) if settles is None else None)

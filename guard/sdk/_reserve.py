@@ -29,7 +29,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from guard.errors import BudgetExceeded
+from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy import REASON_STATUS, Action, DecidedBy, Decision, Reason
 from guard.policy._reservation import check_count, check_money
 
@@ -83,15 +83,21 @@ class Ceilings:
         return (nc if nc > _EPS else 0.0, nt)
 
 
-def estimate_cost(run: Run, model: str | None, tokens: int) -> float:
-    """An upper-bound cost for ``tokens`` of ``model`` from the price book (every token at
-    the model's dearer rate); 0.0 when the model is unpriced."""
-    if not model or not tokens:
+def estimate_cost(
+    run: Run, model: str | None, input_tokens: int, output_tokens: int | None = None
+) -> float:
+    """An upper-bound cost of a call of ``model`` from the price book: ``input_tokens`` at its
+    input rate and ``output_tokens`` at its output rate (an estimate assumes no cache hit, so
+    never the cached rate). ``output_tokens=None``: ``input_tokens`` is a total whose split is
+    unknown, every token at the dearer of the two rates. 0.0 when the model is unpriced."""
+    if not model or not (input_tokens or output_tokens):
         return 0.0
     p = run.rt.price_book.price(model) if hasattr(run.rt.price_book, "price") else None
     if p is None:
         return 0.0
-    return tokens * max(p.input, p.output) / 1e6
+    if output_tokens is None:
+        return input_tokens * max(p.input, p.output) / 1e6
+    return (input_tokens * p.input + output_tokens * p.output) / 1e6
 
 
 def _stop(
@@ -271,6 +277,7 @@ class StepReservation:
         if run is None:
             return None
         run.check_stop()
+        run.means.explicit_reservation(run)  # explicit wins over an implicit estimate
         try:
             self._res = run.budget.reserve(tokens=self.tokens, cost_usd=self.cost_usd)
         except BudgetExceeded as exc:
@@ -324,12 +331,33 @@ class StepReservation:
 
 
 def make_reservation(
-    run: Run | None, cost_usd: float | None, tokens: int, model: str | None
+    run: Run | None,
+    cost_usd: float | None,
+    tokens: int | None,
+    model: str | None,
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
 ) -> StepReservation:
-    """Validate the estimate (``model=`` prices ``tokens`` when ``cost_usd`` is not given)."""
-    tokens = check_count("tokens", tokens)
-    if cost_usd is None:
-        cost = estimate_cost(run, model, tokens) if run is not None else 0.0
+    """Validate the estimate: ``tokens`` (a total), or its split ``input_tokens`` /
+    ``output_tokens`` (either may be left out), never both. Without ``cost_usd``, ``model=``
+    prices it: a split at the model's input and output rates, a total at the dearer one."""
+    split = input_tokens is not None or output_tokens is not None
+    if tokens is not None and split:
+        raise InvalidInput(
+            f"step.reserve: give tokens={tokens!r} or input_tokens={input_tokens!r} / "
+            f"output_tokens={output_tokens!r}, not both (tokens is their total)"
+        )
+    if split:
+        in_t = 0 if input_tokens is None else check_count("input_tokens", input_tokens)
+        out_t = 0 if output_tokens is None else check_count("output_tokens", output_tokens)
+        total = in_t + out_t
     else:
+        total = 0 if tokens is None else check_count("tokens", tokens)
+    if cost_usd is not None:
         cost = check_money("cost_usd", cost_usd)
-    return StepReservation(run, cost, tokens)
+    elif run is None:
+        cost = 0.0
+    else:
+        cost = estimate_cost(run, model, in_t, out_t) if split else estimate_cost(run, model, total)
+    return StepReservation(run, cost, total)

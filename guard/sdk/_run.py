@@ -36,6 +36,7 @@ from guard.policy import (
     SoftLevel,
     Status,
 )
+from guard.sdk._implicit import Means
 from guard.sdk._outcome import build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
 from guard.sdk._run_flow import RunFlow
@@ -108,6 +109,7 @@ class Run(RunFlow):
         self.numbered = rt.number_spans  # counted spans carry guard.seq (Runtime)
         self.did_work = False
         self.foreign_calls: Any = None  # guard.sdk._foreign.RunCalls, once a span is counted
+        self.means = Means()  # mean cost per step / per tool call: the implicit estimates
         self.partial_result: bool | None = None  # the user may say so explicitly
         self.warned = False
         self.wrap_up_requested = False

@@ -13,6 +13,7 @@ from guard import semconv as A
 from guard.policy import Phase
 from guard.sdk._calls import _ERROR, MISSING, _provider_cache, emit_call_span, record_tool_call
 from guard.sdk._calls import provider_for as _provider_for
+from guard.sdk._implicit import end_step, hold_step, hold_step_async, note_call
 from guard.sdk._outcome import tag
 from guard.sdk._reserve import current_reservation, make_reservation
 from guard.sdk._run import _current as _current_run
@@ -21,7 +22,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._reserve import StepReservation
     from guard.sdk._run import Run
 
-__all__ = ["Step", "current_step", "step"]
+__all__ = ["MAX_OUTPUT_SEEN", "Step", "current_step", "step"]
+
+# The run attribute holding the largest output_tokens of its recorded model calls (absent
+# until one reported a positive count): set by Step.model_call, read by the integrations'
+# estimates of a request's reply.
+MAX_OUTPUT_SEEN = "max_output_tokens_seen"
 
 _current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "guard_step", default=None
@@ -65,8 +71,10 @@ class Step:
 
     __slots__ = (
         "_ctx",
+        "_implicit",
         "_otel_token",
         "_progress",
+        "_spent",
         "_state",
         "_token",
         "action",
@@ -90,6 +98,8 @@ class Step:
         self._ctx: Any = None
         self._token: Any = None
         self._otel_token: Any = None
+        self._implicit: Any = None  # the run's mean per step, held while it runs (_implicit)
+        self._spent: tuple[float | None, int] | None = None  # (cost_usd, tokens) of its calls
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> Step:
@@ -97,6 +107,10 @@ class Step:
         if run is None:
             return self
         index, seq = run.begin_step()
+        self._implicit = hold_step(self)  # before the call: RunStopped if it cannot be covered
+        return self._open(run, index, seq)
+
+    def _open(self, run: Run, index: int, seq: int) -> Step:
         self.index = index
         attrs = {_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index}
         if run.numbered:
@@ -112,6 +126,8 @@ class Step:
         span = self.span
         if run is None or span is None:
             return
+        if self._implicit is not None or self._spent is not None or run.means.pending:
+            end_step(self)  # (pending: steps that began before the run's first mean)
         progress, state, action = self._progress, self._state, self.action
         attrs: dict[str, Any] = {}
         if progress is not None:
@@ -136,14 +152,25 @@ class Step:
         self.span = None
 
     async def __aenter__(self) -> Step:
-        return self.__enter__()
+        run = self.run
+        if run is None:
+            return self
+        index, seq = run.begin_step()
+        self._implicit = await hold_step_async(self)  # the tenant check without blocking
+        return self._open(run, index, seq)
 
     async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
         self.__exit__(et, ev, tb)
 
     # -- reservations -------------------------------------------------------------------------
     def reserve(
-        self, cost_usd: float | None = None, tokens: int = 0, *, model: str | None = None
+        self,
+        cost_usd: float | None = None,
+        tokens: int | None = None,
+        *,
+        model: str | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
     ) -> StepReservation:
         """Hold an estimate before a call: ``with step.reserve(cost_usd=0.02, tokens=4_000):``.
 
@@ -151,11 +178,22 @@ class Step:
         block is entered (``with`` or ``async with``); ``RunStopped`` then, before the call,
         when it cannot be covered (``cost_budget`` / ``token_budget`` / ``tenant_budget``).
         A ``model_call`` inside the block settles it with the actual usage; leaving the block
-        otherwise (no call, an exception, a cancel) releases it. Without ``cost_usd``,
-        ``model=`` prices ``tokens`` from the price book at the model's dearer rate (an upper
-        bound); an unpriced model reserves tokens only.
+        otherwise (no call, an exception, a cancel) releases it.
+
+        The tokens are ``tokens`` (a total) or, split, ``input_tokens`` + ``output_tokens``
+        (``step.reserve(input_tokens=1_200, output_tokens=400, model="gpt-4.1")``); giving
+        both is ``InvalidInput``. Without ``cost_usd``, ``model=`` prices them from the price
+        book: a split at the model's input and output rates, a total at its dearer rate (an
+        upper bound); an unpriced model reserves tokens only.
         """
-        return make_reservation(self.run, cost_usd, tokens, model)
+        return make_reservation(
+            self.run,
+            cost_usd,
+            tokens,
+            model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+        )
 
     # -- recording --------------------------------------------------------------------------
     def _parent(self) -> Any:
@@ -184,6 +222,15 @@ class Step:
         run = self.run
         if run is None:
             return cost_usd
+        # The run's largest reply so far: what an integration holds for the output of a
+        # request that sets no max tokens (guard.integrations._estimate). A failed call or
+        # one without usage (0) says nothing about the size of a reply.
+        if (
+            error is None
+            and type(output_tokens) is int
+            and output_tokens > getattr(run, MAX_OUTPUT_SEEN, 0)
+        ):
+            setattr(run, MAX_OUTPUT_SEEN, output_tokens)
         calls = self.calls
         if calls is not None:  # an instrumentation's span of this step may report it too
             claimed = calls.claim(response_id, input_tokens, output_tokens)
@@ -196,9 +243,10 @@ class Step:
         rt = run.rt
         if cost_usd is None:
             cost_usd = rt.cost_usd(model, input_tokens, output_tokens, cached_tokens)
+        note_call(self, cost_usd, input_tokens + output_tokens)  # the run's mean per step
         # Recorded and decided under one lock; the decision is applied once the span is out.
         # A reservation of this context (step.reserve) is settled by the call, in that lock.
-        sres = _current_res_get()
+        sres = _current_res_get() or self._implicit  # (an implicit one may be held late)
         seq, d = run.budget.model_call_escalation(
             input_tokens,
             output_tokens,

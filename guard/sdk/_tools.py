@@ -10,6 +10,7 @@ from typing import Any, TypeVar, overload
 
 from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, reserve_tool
+from guard.sdk._implicit import tool_estimate
 from guard.sdk._run import Run, current_run_or_none
 
 __all__ = ["ToolBatch", "admit_tools", "run_tools", "tool"]
@@ -129,7 +130,10 @@ class _ToolCall:
         retries: int,
         cost_usd: float | None = None,
     ) -> None:
-        self.slot = reserve_tool(run, cost_usd)  # raises RunStopped before the tool runs
+        # No price given: the tool's mean cost per call so far (an implicit estimate).
+        est = tool_estimate(run, name) if cost_usd is None else None
+        price, context = (cost_usd, "") if est is None else est
+        self.slot = reserve_tool(run, price, context)  # raises RunStopped before the tool runs
         self.cost_usd = cost_usd
         self.run, self.name, self.sig, self.args, self.kwargs = run, name, sig, args, kwargs
         self.retries = retries

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Limits(_message.Message):
-    __slots__ = ("max_steps", "max_tool_calls", "max_model_calls", "max_tokens", "max_cost_usd", "deadline_s", "reserve_tokens", "reserve_s", "soft_thresholds", "loop", "pause_freezes_deadline")
+    __slots__ = ("max_steps", "max_tool_calls", "max_model_calls", "max_tokens", "max_cost_usd", "deadline_s", "reserve_tokens", "reserve_s", "soft_thresholds", "loop", "pause_freezes_deadline", "implicit_estimates")
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class Limits(_message.Message):
     SOFT_THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
     LOOP_FIELD_NUMBER: _ClassVar[int]
     PAUSE_FREEZES_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    IMPLICIT_ESTIMATES_FIELD_NUMBER: _ClassVar[int]
     max_steps: int
     max_tool_calls: int
     max_model_calls: int
@@ -30,7 +31,8 @@ class Limits(_message.Message):
     soft_thresholds: _containers.RepeatedScalarFieldContainer[float]
     loop: LoopPolicy
     pause_freezes_deadline: bool
-    def __init__(self, max_steps: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., deadline_s: _Optional[float] = ..., reserve_tokens: _Optional[int] = ..., reserve_s: _Optional[float] = ..., soft_thresholds: _Optional[_Iterable[float]] = ..., loop: _Optional[_Union[LoopPolicy, _Mapping]] = ..., pause_freezes_deadline: _Optional[bool] = ...) -> None: ...
+    implicit_estimates: bool
+    def __init__(self, max_steps: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., deadline_s: _Optional[float] = ..., reserve_tokens: _Optional[int] = ..., reserve_s: _Optional[float] = ..., soft_thresholds: _Optional[_Iterable[float]] = ..., loop: _Optional[_Union[LoopPolicy, _Mapping]] = ..., pause_freezes_deadline: _Optional[bool] = ..., implicit_estimates: _Optional[bool] = ...) -> None: ...
 
 class LoopPolicy(_message.Message):
     __slots__ = ("window", "repeat_threshold", "no_progress_steps")

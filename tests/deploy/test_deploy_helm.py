@@ -405,6 +405,7 @@ def test_schema_and_guard_agree_on_policy_keys():
             "soft_thresholds": [0.5, 0.8],
             "loop": {"window": 10},
             "pause_freezes_deadline": True,
+            "implicit_estimates": False,
         }.get(key, 5)
         PolicyConfig.from_dict({"runs": {key: sample}})
     with pytest.raises(Exception, match="max_stepz"):

@@ -99,7 +99,8 @@ def test_token_budget_stops_at_the_same_call_with_exact_tokens(
 ) -> None:
     _, sink = server
     llm.script = runaway(input=1000, output=100)
-    # each call reserves its max_tokens (100) before it leaves: the third one fits
+    # each call reserves its prompt (a few hundred tokens, the tool-use preamble included) and
+    # its max_tokens (100) before it leaves: the third one fits the 800 left
     agent = create_react_agent(chat(llm, max_tokens=100), [Lookup().tool])
 
     @guard.run(agent="budgeted", max_tokens=3000, loop={"repeat_threshold": 20})

@@ -70,7 +70,7 @@ async def test_a_token_budget_stops_an_async_run_inside_a_guard_run(sink, llm, m
 def test_a_request_whose_max_tokens_cannot_be_covered_never_leaves(sink, llm, mode) -> None:
     guard.instrument(*mode)
     llm.script = [tool("status", {"q": f"order {i}"}, input=300, output=1) for i in range(9)]
-    agent = agent_on(llm, model_settings={"max_tokens": 600})
+    agent = agent_on(llm, model_settings={"max_tokens": 450})
 
     @agent.tool_plain
     def status(q: str) -> str:
@@ -83,10 +83,12 @@ def test_a_request_whose_max_tokens_cannot_be_covered_never_leaves(sink, llm, mo
     with pytest.raises(guard.RunStopped) as stop:
         handle()
     o = stop.value.outcome
-    # 600 tokens are reserved before each request: after two calls (602 used) the third
-    # cannot be covered and is refused before it leaves (unreserved, 4 calls would leave).
+    # Each request reserves its prompt (the instructions, tool schema and conversation: a few
+    # hundred tokens at most here) plus its 450 max tokens: after two calls (602 used) the
+    # third cannot be covered and is refused before it leaves (unreserved, 4 calls would leave).
     assert o.reason == "token_budget", o.message
     assert llm.count == o.model_calls == 2 and o.input_tokens + o.output_tokens == 602
+    assert "reservation refused" in o.message, o.message
 
 
 @pytest.mark.parametrize(

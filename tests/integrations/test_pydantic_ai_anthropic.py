@@ -34,7 +34,9 @@ def test_each_call_counted_once_with_exact_tokens(sink, llm: LLMServer, on, stre
     def lookup(q: str) -> str:
         return f"nothing for {q}"
 
-    # 3 calls spend 3,870 >= 3,000 (counted twice, 2 calls would stop it at 5,160)
+    # Each call spends 1,290. Before the third leaves, its prompt (with Claude's tool-use
+    # preamble) and its 100 max tokens are held: more than the 420 left, so it never leaves
+    # (counted twice, the first call alone would use 2,580 and refuse the second).
     @guard.run(agent="pai-claude", max_tokens=3000, loop={"repeat_threshold": 20})
     async def handle() -> None:
         if not stream:
@@ -46,7 +48,8 @@ def test_each_call_counted_once_with_exact_tokens(sink, llm: LLMServer, on, stre
     with pytest.raises(guard.RunStopped) as stop:
         asyncio.run(handle())
     o = stop.value.outcome
-    assert o.reason == "token_budget" and "tokens=3870" in o.message, o.message
-    assert llm.count == 3
-    assert (o.model_calls, o.input_tokens, o.output_tokens) == (3, 3600, 270)
-    assert (o.cached_tokens, o.reasoning_tokens) == (600, 90)
+    assert o.reason == "token_budget" and "reservation refused" in o.message, o.message
+    assert "used+reserved 2580" in o.message, o.message
+    assert llm.count == 2
+    assert (o.model_calls, o.input_tokens, o.output_tokens) == (2, 2400, 180)
+    assert (o.cached_tokens, o.reasoning_tokens) == (400, 60)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import guard
+from guard.policy import Limits
 from guard.sdk._clock import ManualClock
 from guard.testing import FakeModel, Reply, SpanSink, ToolCall, run_agent_loop
 
@@ -59,8 +60,9 @@ def test_max_tool_calls_refuses_the_call_before_it_runs(sink: SpanSink) -> None:
     assert ran == [0, 1, 2]
 
 
-def test_token_budget(sink: SpanSink) -> None:
-    @guard.run(agent="a", max_tokens=1000)
+@pytest.mark.parametrize("implicit", [True, False])
+def test_token_budget(sink: SpanSink, implicit: bool) -> None:
+    @guard.run(agent="a", max_tokens=1000, limits=Limits(implicit_estimates=implicit))
     def f() -> None:
         while True:
             with guard.step() as s:
@@ -68,18 +70,27 @@ def test_token_budget(sink: SpanSink) -> None:
 
     o = _stop(f)
     assert (o.reason, o.steps) == ("token_budget", 3)
-    assert "max_tokens 1000 reached" in o.message
+    if implicit:  # the third step's estimate (the mean, 410 tokens) does not fit: no call
+        assert o.model_calls == 2 and "implicit estimate" in o.message, o.message
+        assert "410 tokens" in o.message and "available 180" in o.message, o.message
+    else:  # recorded after the fact: the third call passes the limit, the run stops after it
+        assert o.model_calls == 3 and "max_tokens 1000 reached" in o.message
 
 
-def test_cost_budget(sink: SpanSink) -> None:
-    @guard.run(agent="a", max_cost_usd=0.01)
+@pytest.mark.parametrize("implicit", [True, False])
+def test_cost_budget(sink: SpanSink, implicit: bool) -> None:
+    @guard.run(agent="a", max_cost_usd=0.01, limits=Limits(implicit_estimates=implicit))
     def f() -> None:
         while True:
             with guard.step() as s:
                 s.model_call(model="gpt-4.1", input_tokens=2000, output_tokens=0)  # $0.004
 
     o = _stop(f)
-    assert o.reason == "cost_budget" and o.cost_usd >= 0.01 and o.steps == 3
+    assert o.reason == "cost_budget" and o.steps == 3
+    if implicit:  # 0.008 + the mean 0.004 would pass 0.01: the third call never starts
+        assert o.cost_usd == pytest.approx(0.008) and "implicit estimate" in o.message
+    else:
+        assert o.cost_usd >= 0.01
 
 
 def test_completion_wins_over_budget_reached_in_the_same_step(sink: SpanSink) -> None:
