@@ -10,8 +10,9 @@ calls, and the latency a reservation adds to a model call. Prints JSON.
 2. **Per-run overshoot**: ``max_cost_usd=0.10``, 8 threads of one run making $0.02 calls
    at once (local limits: no guard needed), with and without ``step.reserve``.
 3. **Latency**: a model call inside ``step.reserve`` against the same call without one, in
-   the same run, when the local allowance covers it; when every reservation needs a round
-   trip to the guard (``allowance_fraction`` tiny: each grant is exactly what is asked); and
+   the same run, for a tenant without a cost window (the run's own budget only: no
+   allowance to ask for); for a tenant with one, where every reservation asks the guard for
+   exactly its amount (a round trip on the control stream); and
    without a guard (the reservation's own CPU cost). "added" is the time spent entering and
    leaving the reservation block (the call inside is the same call); "difference" is the
    reserved call minus the plain one per percentile (noisier). p50 and p99 in ms, medians
@@ -52,13 +53,16 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def _policy(tenants: list[str], limit: float, fraction: float | None = None) -> str:
+def _policy(tenants: list[str], limit: float | None) -> str:
+    """Each tenant with a rolling cost window of ``limit`` (``None``: no window, so no
+    allowance: only a concurrency cap)."""
     lines = ["tenants:"]
     for t in tenants:
         lines.append(f"  {t}:")
-        lines.append(f"    rolling: [{{metric: cost_usd, limit: {limit}, window_s: 3600}}]")
-    if fraction is not None:
-        lines += ["guard:", f"  allowance_fraction: {fraction:.15f}"]
+        if limit is None:
+            lines.append("    max_concurrent_runs: 100000")
+        else:
+            lines.append(f"    rolling: [{{metric: cost_usd, limit: {limit}, window_s: 3600}}]")
     return "\n".join(lines) + "\n"
 
 
@@ -270,9 +274,9 @@ def latency(calls: int, repeat: int) -> dict:
     requests = {"covered": 0, "round_trip": 0}
     fail_open = 0
     for _ in range(repeat):
-        with _guard(_policy(["lat"], 1e6, fraction=1.0)) as endpoint:
+        with _guard(_policy(["lat"], None)) as endpoint:
             covered = _latency_run(endpoint, calls, pair=True)
-        with _guard(_policy(["lat"], 1e6, fraction=1e-12)) as endpoint:
+        with _guard(_policy(["lat"], 1e6)) as endpoint:
             trip = _latency_run(endpoint, calls, pair=False)
         local = _latency_run(None, calls, pair=True)  # no guard: the reservation's own cost
         note("plain", covered["plain"])

@@ -53,6 +53,8 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--parts", "tenant", "--trials", "3", "--replicas", "3"],
         ["--parts", "tenant", "--trials", "1", "--replicas", "3"],
     ),
+    # a tenant budget at both ends: calls served past it, and budget refused while unspent
+    "tenant_budget": ("bench_tenant_budget.py", [], ["--quick"]),
 }
 
 
