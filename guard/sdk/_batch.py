@@ -24,7 +24,7 @@ from guard.policy import Action, LoopVerdict, Phase
 from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, current_batch, current_call, record_tool_call
 from guard.sdk._implicit import tool_estimate
-from guard.sdk._reserve import budget_stop, tenant_reserve_sync
+from guard.sdk._reserve import budget_stop, tenant_check
 from guard.sdk._run import Run, current_run_or_none
 from guard.sdk._step import current_step
 
@@ -156,16 +156,15 @@ class ToolBatch:
                 # the loop to spin on empty batches until another limit ends it.
                 fits = f"no call of a batch of {len(self.calls)} fits"
                 budget_stop(run, refused, f"{fits} ({estimated})" if estimated else fits)
-            if paid:
-                try:  # the tenant's allowance must cover the admitted calls' prices too
-                    tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)
-                except BaseException:
-                    for slot in self._slots:
-                        slot.release()
-                    raise
+            if paid:  # the tenant's allowance must cover the admitted calls' prices too
+                tenant_check(run, self._release_slots)
             self._token = current_batch.set(self)
         self.admitted = self.calls[:n_ok]
         self.rejected = self.calls[n_ok:]
+
+    def _release_slots(self) -> None:
+        for slot in self._slots:
+            slot.release()
 
     def rejection(self, call: Any) -> dict[str, Any]:
         """The error result for a rejected call (shape of a tool-result message)."""

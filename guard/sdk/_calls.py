@@ -12,7 +12,7 @@ from guard.errors import BudgetExceeded
 from guard.policy import Action, Decision, Phase, Reason
 from guard.policy import Status as RunStatus
 from guard.sdk._outcome import tag
-from guard.sdk._reserve import budget_stop, tenant_reserve_sync
+from guard.sdk._reserve import budget_stop, tenant_check
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
@@ -126,11 +126,7 @@ def reserve_tool(run: Run, cost_usd: float | None = None, context: str = "") -> 
         run.apply(d, raise_now=True)
         raise  # pragma: no cover - apply raised
     if cost_usd:
-        try:
-            tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)
-        except BaseException:
-            res.release()
-            raise
+        tenant_check(run, res.release)
     return res
 
 

@@ -24,8 +24,8 @@ from guard.errors import BudgetExceeded
 from guard.sdk._reserve import (
     budget_stop,
     current_reservation,
-    tenant_reserve_async,
-    tenant_reserve_sync,
+    tenant_check,
+    tenant_check_async,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -225,12 +225,7 @@ def hold_step(step: Any) -> ImplicitReservation | None:
     ``RunStopped`` when the run's budget or its tenant cannot cover it."""
     imp = _step_hold(step)
     if imp is not None:
-        run = step.run
-        try:
-            tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)
-        except BaseException:
-            imp.close()
-            raise
+        tenant_check(step.run, imp.close)
     return imp
 
 
@@ -238,12 +233,7 @@ async def hold_step_async(step: Any) -> ImplicitReservation | None:
     """:func:`hold_step` without blocking the event loop on the tenant check."""
     imp = _step_hold(step)
     if imp is not None:
-        run = step.run
-        try:
-            await tenant_reserve_async(run, run.rt.settings.admit_timeout_ms / 1000.0)
-        except BaseException:
-            imp.close()
-            raise
+        await tenant_check_async(step.run, imp.close)
     return imp
 
 

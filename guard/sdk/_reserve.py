@@ -27,6 +27,7 @@ import contextlib
 import contextvars
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from guard.errors import BudgetExceeded, InvalidInput
@@ -44,6 +45,8 @@ __all__ = [
     "current_reservation",
     "estimate_cost",
     "tenant_after_call",
+    "tenant_check",
+    "tenant_check_async",
     "tenant_reserve_sync",
 ]
 
@@ -220,6 +223,25 @@ async def tenant_reserve_async(run: Run, timeout_s: float) -> None:
             answer = await _await(gen.send(answer), timeout_s)
 
 
+def tenant_check(run: Run, undo: Callable[[], None]) -> None:
+    """The tenant check of a hold just taken on ``run`` (:func:`tenant_reserve_sync`, waiting
+    at most the admit timeout); any exception (a stop included) gives the hold back first."""
+    try:
+        tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)
+    except BaseException:
+        undo()
+        raise
+
+
+async def tenant_check_async(run: Run, undo: Callable[[], None]) -> None:
+    """:func:`tenant_check` without blocking the event loop."""
+    try:
+        await tenant_reserve_async(run, run.rt.settings.admit_timeout_ms / 1000.0)
+    except BaseException:
+        undo()
+        raise
+
+
 def tenant_after_call(run: Run, al: Ceilings, cost_usd: float | None, tokens: int) -> None:
     """After a model call made without a reservation: when one more call of this size would
     pass the allowance, ask for more now; ``exhausted`` makes the stop pending (raised at
@@ -287,22 +309,14 @@ class StepReservation:
     def __enter__(self) -> StepReservation:
         run = self._hold()
         if run is not None:
-            try:
-                tenant_reserve_sync(run, run.rt.settings.admit_timeout_ms / 1000.0)
-            except BaseException:
-                self._release()
-                raise
+            tenant_check(run, self._release)
             self._token = current_reservation.set(self)
         return self
 
     async def __aenter__(self) -> StepReservation:
         run = self._hold()
         if run is not None:
-            try:
-                await tenant_reserve_async(run, run.rt.settings.admit_timeout_ms / 1000.0)
-            except BaseException:
-                self._release()
-                raise
+            await tenant_check_async(run, self._release)
             self._token = current_reservation.set(self)
         return self
 
