@@ -257,6 +257,36 @@ def summarize(path: str, trials: list[dict]) -> dict:
     }
 
 
+def estimate_accuracy() -> dict:
+    """What the integration reserves for this workload's request (the same counting code the
+    integration runs), against what each call costs. Every call of the workload is the same
+    request and the same usage, so the share of calls that cost more than their estimate is
+    the share of these cases with a ratio below 1."""
+    from guard.integrations._estimate import (
+        DEFAULT_OUTPUT_TOKENS,
+        prompt_tokens,
+        request_prompt,
+    )
+
+    inp = prompt_tokens(W.MODEL, request_prompt({"messages": W.messages()}))
+
+    def cost(i: int, o: int) -> float:
+        return (i * 6.0 + o * 20.0) / 1e6
+
+    cases = {
+        "with_max_tokens": cost(inp, W.OUTPUT_TOKENS),
+        "without_first_call": cost(inp, DEFAULT_OUTPUT_TOKENS),
+        "without_later_calls": cost(inp, W.OUTPUT_TOKENS),  # the run's largest reply
+    }
+    ratios = {k: round(v / W.PRICE, 4) for k, v in cases.items()}
+    return {
+        "prompt_tokens_estimated": inp,
+        "prompt_tokens_reported": W.INPUT_TOKENS,
+        "estimate_over_actual": ratios,
+        "share_of_calls_over_estimate": sum(r < 1.0 for r in ratios.values()) / len(ratios),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
@@ -328,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             "admit_timeout_ms": ns.admit_timeout_ms,
             "cores": os.cpu_count(),
         },
+        "estimate_accuracy": estimate_accuracy(),
         "results": results,
         "baseline_latency_ms": baselines,
     }
