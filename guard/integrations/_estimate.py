@@ -38,8 +38,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from guard.sdk._step import MAX_OUTPUT_SEEN
-
 __all__ = [
     "CHARS_PER_TOKEN",
     "DEFAULT_OUTPUT_TOKENS",
@@ -308,7 +306,7 @@ def output_tokens(run: Any, model: str | None, max_tokens: int | None) -> int:
     largest reply so far (else :data:`DEFAULT_OUTPUT_TOKENS`) capped by the model's limit."""
     if max_tokens is not None and max_tokens > 0:
         return max_tokens
-    seen = getattr(run, MAX_OUTPUT_SEEN, None)
+    seen = getattr(run, "max_output_tokens_seen", 0)  # Run.max_output_tokens_seen
     guess = seen if type(seen) is int and seen > 0 else DEFAULT_OUTPUT_TOKENS
     limit = model_output_limit(model)
     return guess if limit is None else min(guess, limit)

@@ -110,6 +110,9 @@ class Run(RunFlow):
         self.did_work = False
         self.foreign_calls: Any = None  # guard.sdk._foreign.RunCalls, once a span is counted
         self.means = Means()  # mean cost per step / per tool call: the implicit estimates
+        # the largest reply of its model calls: the output an integration holds for a request
+        # that sets no max tokens (0: none yet)
+        self.max_output_tokens_seen = 0
         self.partial_result: bool | None = None  # the user may say so explicitly
         self.warned = False
         self.wrap_up_requested = False

@@ -22,12 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._reserve import StepReservation
     from guard.sdk._run import Run
 
-__all__ = ["MAX_OUTPUT_SEEN", "Step", "current_step", "step"]
-
-# The run attribute holding the largest output_tokens of its recorded model calls (absent
-# until one reported a positive count): set by Step.model_call, read by the integrations'
-# estimates of a request's reply.
-MAX_OUTPUT_SEEN = "max_output_tokens_seen"
+__all__ = ["Step", "current_step", "step"]
 
 _current_step: contextvars.ContextVar[Step | None] = contextvars.ContextVar(
     "guard_step", default=None
@@ -228,9 +223,9 @@ class Step:
         if (
             error is None
             and type(output_tokens) is int
-            and output_tokens > getattr(run, MAX_OUTPUT_SEEN, 0)
+            and output_tokens > run.max_output_tokens_seen
         ):
-            setattr(run, MAX_OUTPUT_SEEN, output_tokens)
+            run.max_output_tokens_seen = output_tokens
         calls = self.calls
         if calls is not None:  # an instrumentation's span of this step may report it too
             claimed = calls.claim(response_id, input_tokens, output_tokens)
