@@ -191,7 +191,7 @@ class TenantBudget:
             if h is None or not need:
                 continue
             left = max(0.0, h - self._granted[j])
-            if left < need:
+            if left + 1e-12 < need:  # within float drift: the two sums differ in order only
                 return nothing_to_grant(self.tenant, metric, left, need, self._granted[j])
         return None
 

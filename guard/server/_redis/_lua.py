@@ -251,7 +251,7 @@ if op == 'admit' then
         local need = a.r[j]
         if head[j] ~= nil and need ~= 0 and reply[1] == 'ok' then
           local left = math.max(0.0, head[j] - a.o[j])
-          if left < need then reply = {'s', fmt(j), fmt(left), fmt(need), fmt(a.o[j])} end
+          if left + EPS < need then reply = {'s', fmt(j), fmt(left), fmt(need), fmt(a.o[j])} end
         end
       end
       if reply[1] == 'ok' then
