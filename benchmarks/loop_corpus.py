@@ -21,6 +21,13 @@ Usage: ``python benchmarks/loop_corpus.py [--window N] [--repeat-threshold K]
   fed whole so that two versions are timed on the same calls; best of 5), over all traces and
   over the ``reread`` ones;
 * the names of missed loops and of stopped legitimate traces, with the pattern that fired.
+
+``--frameworks agents,pydantic_ai`` replays the corpus through real frameworks instead
+(``guard.instrument()`` and ``@guard.run`` alone, against the scripted local model server; see
+``benchmarks/_framework_corpus.py``) and prints, per framework, the same recall, false
+positives and delay, each trace's stop step beside the pure detector's (without the trace's
+facts and progress flags, which a framework run does not give, and with them), the misses and
+false positives by name with the pattern that fired. ``--quick``: a ten-trace subset.
 """
 
 from __future__ import annotations
@@ -100,12 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=20)
     ap.add_argument("--repeat-threshold", type=int, default=3)
     ap.add_argument("--no-progress-steps", type=int, default=8)
+    ap.add_argument(
+        "--frameworks",
+        help="comma-separated: replay the corpus through these frameworks (agents, pydantic_ai)",
+    )
+    ap.add_argument("--quick", action="store_true", help="with --frameworks: a small subset")
     args = ap.parse_args(argv)
     settings = LoopSettings(
         window=args.window,
         repeat_threshold=args.repeat_threshold,
         no_progress_steps=args.no_progress_steps,
     )
+    if args.frameworks:
+        return _frameworks(args, settings)
     loops = [t for t in CORPUS if t.label == "loop"]
     legit = [t for t in CORPUS if t.label == "legit"]
     easy = [t for t in legit if not t.hard]
@@ -155,6 +169,27 @@ def main(argv: list[str] | None = None) -> int:
             p: sum(results[t.name].pattern == p for t in stopped_loops)
             for p in sorted({results[t.name].pattern or "" for t in stopped_loops})
         },
+    }
+    print(json.dumps(out, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _frameworks(args: argparse.Namespace, settings: LoopSettings) -> int:
+    # imported here: the pure mode needs no framework installed
+    from _framework_corpus import FRAMEWORKS, run
+
+    names = [n.strip() for n in args.frameworks.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(FRAMEWORKS))
+    if unknown:
+        raise SystemExit(f"unknown framework(s) {unknown}; known: {', '.join(FRAMEWORKS)}")
+    out = {
+        "settings": {
+            "window": settings.window,
+            "repeat_threshold": settings.repeat_threshold,
+            "no_progress_steps": settings.no_progress_steps,
+        },
+        "quick": args.quick,
+        **run(names, settings, quick=args.quick),
     }
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0

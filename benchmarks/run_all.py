@@ -43,6 +43,13 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
     "memory": ("bench_memory.py", [], ["--runs", "1000"]),
     "store": ("bench_store.py", [], ["--runs", "20000", "--seed-runs", "50000", "--repeat", "3"]),
     "loop_corpus": ("loop_corpus.py", [], []),
+    # the same corpus replayed through the real frameworks (guard.instrument() and @guard.run
+    # alone, on the scripted local model server): what an integration gives the detector
+    "loop_corpus_frameworks": (
+        "loop_corpus.py",
+        ["--frameworks", "agents,pydantic_ai"],
+        ["--frameworks", "agents,pydantic_ai", "--quick"],
+    ),
     "reservations": (
         "bench_reservations.py",
         [],

@@ -7,7 +7,9 @@ careful human reviewer would say: ``loop`` (the run should be stopped) or ``legi
 be). ``hard`` marks legitimate traces that a fingerprint detector cannot tell from a loop
 without more signal (kept in the corpus so the false-positive figure stays honest).
 ``policy_corpus_reread.py`` adds mixed traces: a lookup re-read alongside new work (legit) and
-its near misses (loops).
+its near misses (loops). ``polling`` tags the traces that poll a job's status:
+``benchmarks/loop_corpus.py --frameworks`` declares their repeated tool a poll tool, where the
+SDK offers a way to declare one.
 
 Shared by ``tests/policy/test_policy_corpus.py`` and ``benchmarks/loop_corpus.py``.
 """

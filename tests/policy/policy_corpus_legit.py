@@ -97,6 +97,7 @@ LEGIT: list[Trace] = [
                 for s in ("queued", "running 10%", "running 40%", "running 80%", "done")
             ]
         ),
+        tags=("polling",),
     ),
     Trace(
         "batch_edits_distinct_diffs",
@@ -243,6 +244,7 @@ LEGIT: list[Trace] = [
             [("job_status", {"id": "j9"}, "running")] * 4 + [("job_status", {"id": "j9"}, "done")]
         ),
         hard=True,
+        tags=("polling",),
         note="a status without progress detail looks exactly like a stuck poll",
     ),
 ]
