@@ -318,6 +318,9 @@ STATE_HASH = "guard.state.hash"
 ACTION_FP = "guard.action.fingerprint"
 RESULT_HASH = "guard.result.hash"
 TOOL_ATTEMPTS = "guard.tool.attempts"
+# True on the span of a declared poll's call (which carries no guard.action.fingerprint: the
+# guard counts it, and the SDK's poll rule judges it).
+TOOL_POLL = "guard.tool.poll"
 COST_USD = "guard.cost.usd"
 STOP_STATUS = "guard.stop.status"
 STOP_REASON = "guard.stop.reason"

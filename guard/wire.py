@@ -82,6 +82,8 @@ _FLOAT_LIMITS = ("max_cost_usd", "deadline_s", "reserve_s")
 _FLOAT_MAX = {"max_cost_usd": MAX_COST_USD_PER_RECORD, "deadline_s": MAX_LIMIT_S}
 _MAX_THRESHOLDS = 16  # soft_thresholds entries (the default has three)
 _MAX_LOOP_SETTING = 1_000_000  # loop window / repeat threshold / no-progress steps
+_MAX_POLL_TOOLS = 256  # loop.poll_tools entries
+_MAX_TOOL_NAME_CHARS = 256  # one poll tool's name
 
 
 def _finite(name: str, value: float) -> float:
@@ -111,6 +113,9 @@ def limits_to_pb(limits: Limits | None) -> pb.Limits:
     msg.loop.window = loop.window
     msg.loop.repeat_threshold = loop.repeat_threshold
     msg.loop.no_progress_steps = loop.no_progress_steps
+    msg.loop.poll_tools.extend(loop.poll_tools)
+    if loop.max_unchanged_polls is not None:
+        msg.loop.max_unchanged_polls = loop.max_unchanged_polls
     msg.pause_freezes_deadline = bool(limits.pause_freezes_deadline)
     msg.implicit_estimates = bool(limits.implicit_estimates)
     return msg
@@ -156,12 +161,41 @@ def limits_from_pb(msg: pb.Limits | None) -> Limits:
             window=msg.loop.window or default.window,
             repeat_threshold=msg.loop.repeat_threshold or default.repeat_threshold,
             no_progress_steps=msg.loop.no_progress_steps or default.no_progress_steps,
+            poll_tools=_poll_tools(msg.loop.poll_tools),
+            max_unchanged_polls=_max_unchanged_polls(msg.loop),
         )
     if msg.HasField("pause_freezes_deadline"):
         kw["pause_freezes_deadline"] = bool(msg.pause_freezes_deadline)
     if msg.HasField("implicit_estimates"):  # unset (an older peer): the default, on
         kw["implicit_estimates"] = bool(msg.implicit_estimates)
     return Limits(**kw)
+
+
+def _poll_tools(names: Any) -> tuple[str, ...]:
+    if len(names) > _MAX_POLL_TOOLS:
+        raise InputTooLarge(
+            f"limits.loop.poll_tools has {len(names)} entries (max {_MAX_POLL_TOOLS})"
+        )
+    for name in names:
+        if not name or len(name) > _MAX_TOOL_NAME_CHARS:
+            raise InvalidInput(
+                f"limits.loop.poll_tools: a tool name must have 1..{_MAX_TOOL_NAME_CHARS} "
+                f"characters (got {len(name)})"
+            )
+    return tuple(names)
+
+
+def _max_unchanged_polls(loop: pb.LoopPolicy) -> int | None:
+    """Unset (or 0, as for the other loop fields): ``None``, the rule off on the sender's side
+    (the tightest side wins, so the other side's bound applies)."""
+    if not loop.HasField("max_unchanged_polls") or not loop.max_unchanged_polls:
+        return None
+    value = int(loop.max_unchanged_polls)
+    if value < 2 or value > _MAX_LOOP_SETTING:
+        raise InvalidInput(
+            f"limits.loop.max_unchanged_polls must be in 2..{_MAX_LOOP_SETTING} (got {value})"
+        )
+    return value
 
 
 # ---------------------------------------------------------------------------------- usage

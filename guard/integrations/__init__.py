@@ -16,8 +16,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import threading
+from collections.abc import Iterable
 
 from guard.errors import ConfigError
+from guard.sdk._polls import clear_polls, declare_polls
 
 __all__ = ["KNOWN", "enabled", "instrument", "uninstrument"]
 
@@ -49,14 +51,20 @@ def _available(name: str) -> bool:
     )
 
 
-def instrument(*names: str) -> list[str]:
+def instrument(*names: str, polls: Iterable[str] = ()) -> list[str]:
     """Turn on the named integrations, or every one whose library can be imported.
 
     Idempotent: an integration already on stays on (once). Returns the names that are on among
     those asked for (all of them: every importable one), in turn-on order. An unknown name, or a
     named one whose library is not installed, is a :class:`~guard.errors.ConfigError`.
+
+    ``polls``: names of tools that are polls (a job status checked until it changes), for every
+    run of this process: their repeated identical calls are not a loop, but the same call
+    answering the same result ``loop.max_unchanged_polls`` times in a row is. Added to the
+    names declared before; ``uninstrument()`` (of everything) forgets them.
     """
     names = _resolve(names)
+    declare_polls(polls, path="instrument.polls")  # checked before anything turns on
     unknown = [n for n in names if n not in KNOWN]
     if unknown:
         raise ConfigError(
@@ -86,12 +94,15 @@ def instrument(*names: str) -> list[str]:
 
 
 def uninstrument(*names: str) -> list[str]:
-    """Turn integrations off again (all, or the named ones); returns the names turned off."""
+    """Turn integrations off again (all, or the named ones); returns the names turned off.
+    Turning everything off also forgets the tools declared as polls (``instrument(polls=)``)."""
     names = _resolve(names)
     with _lock:
         off = [n for n in reversed(list(_on)) if not names or n in names]
         for name in off:
             _on.pop(name).disable()  # type: ignore[attr-defined]
+        if not names:
+            clear_polls()
     return off
 
 

@@ -6,6 +6,9 @@ An integration adapts one library; the guarding is done here, once, with the SDK
   (attach) or, when none is active, inside a new run named after the framework's agent. A stop
   the framework caught and turned into something else (a tool result, its own exception, a
   normal return) is raised again as ``guard.RunStopped`` when the framework's run returns.
+  A framework run nested in another one of the same run (an agent called as a tool, a
+  guardrail running an agent) shares its inferred step: only the outermost one closes it
+  (:mod:`guard.integrations._framework_runs`).
 * :func:`begin_model_call` / :func:`abegin_model_call` guard one model call before it leaves:
   a cancelled or stopped run raises ``RunStopped`` (so at most the call in flight completes
   after a cancel), a step is inferred when the code opened none (:func:`step_for`), and the
@@ -41,6 +44,8 @@ from opentelemetry import context as otel_context
 
 from guard.errors import RunStopped
 from guard.integrations._estimate import Prompt, output_tokens, prompt_tokens
+from guard.integrations._framework_runs import outermost
+from guard.integrations._framework_runs import swallowed as _swallowed
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
 from guard.sdk._foreign import note_integrated
@@ -100,31 +105,23 @@ def active_run() -> Run | None:
 
 
 # -- runs ------------------------------------------------------------------------------------
-def _swallowed(run: Run, exc: BaseException | None) -> None:
-    """Raise ``RunStopped`` for a stop the framework swallowed or wrapped (sticky stops)."""
-    if run.stopped is not None or run.cancelled or run.stop_pending:
-        try:
-            run.check_stop()
-        except RunStopped as stop:
-            if exc is not None:
-                raise stop from exc
-            raise
-
-
 @contextlib.contextmanager
 def _framework_run(run: Run) -> Iterator[None]:
-    """Around a framework's run attached to ``run``: its inferred step closes when it ends, and
-    a stop it swallowed or wrapped comes out as ``RunStopped``. A ``GeneratorExit`` (the caller
-    stopped reading a framework's stream) passes as it is."""
-    try:
-        yield
-    except (RunStopped, GeneratorExit):
-        raise
-    except BaseException as exc:
-        _swallowed(run, exc)
-        raise
-    finally:
-        end_inferred_step(run)
+    """Around a framework's run attached to ``run``: the inferred step closes when the
+    outermost framework run of ``run`` ends (a nested one shares it), and a stop it swallowed
+    or wrapped comes out as ``RunStopped``. A ``GeneratorExit`` (the caller stopped reading a
+    framework's stream) passes as it is."""
+    with outermost(run) as closes_step:
+        try:
+            yield
+        except (RunStopped, GeneratorExit):
+            raise
+        except BaseException as exc:
+            _swallowed(run, exc)
+            raise
+        finally:
+            if closes_step:
+                end_inferred_step(run)
     _swallowed(run, None)
 
 
@@ -132,7 +129,8 @@ def in_run(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     """Call a framework's sync run ``fn`` attached to the active run, or as a new run ``agent``.
 
     A stop the framework caught is raised again as ``RunStopped`` once ``fn`` returns or raises
-    its own exception; the step inferred inside the framework's run is closed when it ends.
+    its own exception; the step inferred inside the framework's run is closed when it ends
+    (when the outermost one of the run ends, for a framework run nested in another).
     """
     run = active_run()
     if run is None:

@@ -11,40 +11,38 @@ time (fingerprinted in-process through :func:`~guard.integrations._base.admit_to
 detection sees it and no raw argument leaves), so ``guard.instrument()`` plus ``@guard.run``
 is the whole setup. A loop found that way stops the run before the request leaves.
 
-Counted once: tools the code records itself (``@guard.tool``, ``step.tool_call``) raise the
-run's own tool count between two model calls, and that many results are taken as already
-counted. Not read: a responses request that names its calls only through
-``previous_response_id`` (the call is then on the server, not in the request).
+Counted once, and only in the run that made it (the run's :class:`~guard.sdk._ledger.CallLedger`):
+
+* a result counts only when a model response of this run asked for its call
+  (:func:`note_asked`, read from each response as it is recorded). A chat resends its earlier
+  turns (an Agents SDK session, Pydantic AI's ``message_history``, a LangGraph checkpointer, a
+  hand-kept ``messages`` list), and a resumed graph its calls from before the interrupt: those
+  calls were made before this run began, so they are not counted or fed to loop detection
+  again;
+* a call recorded while it ran (a framework integration, ``@guard.tool``, ``step.tool_call``)
+  is known by its call id, or, recorded without one, matched by its action fingerprint;
+* a responses conversation continued by ``previous_response_id`` resends only the results:
+  the calls' names and arguments come from the response that asked for them.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from guard.errors import RunStopped
 from guard.integrations._base import admit_tool, note_error
 from guard.integrations._client import field as _get
+from guard.sdk._batch import call_name_args
+from guard.sdk._ledger import CallLedger
 
-__all__ = ["note_tools"]
-
-_MAX_SEEN = 4096  # call ids remembered per run (a long run forgets its oldest)
-
-
-class _State:
-    __slots__ = ("native", "seen")
-
-    def __init__(self, native: int) -> None:
-        self.seen: dict[str, None] = {}  # insertion-ordered: the oldest are pruned first
-        self.native = native
+__all__ = ["note_asked", "note_response", "note_tools"]
 
 
-_states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
-
-
-def _results(api: str, kw: dict[str, Any]) -> Iterator[tuple[str, Any, Any, Any]]:
-    """(call id, tool name, arguments, result) of each tool result the request carries."""
+def _results(api: str, kw: dict[str, Any]) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """(call id, tool name, arguments, result) of each tool result the request carries; the
+    name and arguments are ``None`` when the request does not resend the call (a responses
+    request continued by ``previous_response_id``)."""
     asked: dict[Any, tuple[Any, Any]] = {}
     if api == "anthropic":
         for m in kw.get("messages") or ():
@@ -55,9 +53,9 @@ def _results(api: str, kw: dict[str, Any]) -> Iterator[tuple[str, Any, Any, Any]
                 kind = _get(b, "type")
                 if kind == "tool_use":  # dicts, or the client's ToolUseBlock sent back as is
                     asked[_get(b, "id")] = (_get(b, "name"), _get(b, "input"))
-                elif kind == "tool_result" and _get(b, "tool_use_id") in asked:
+                elif kind == "tool_result":
                     cid = _get(b, "tool_use_id")
-                    yield cid, *asked[cid], _get(b, "content")
+                    yield cid, *asked.get(cid, _UNSENT), _get(b, "content")
         return
     if api == "chat":
         for m in kw.get("messages") or ():
@@ -66,9 +64,9 @@ def _results(api: str, kw: dict[str, Any]) -> Iterator[tuple[str, Any, Any, Any]
                 for c in _get(m, "tool_calls") or ():
                     f = _get(c, "function")
                     asked[_get(c, "id")] = (_get(f, "name"), _get(f, "arguments"))
-            elif role == "tool" and _get(m, "tool_call_id") in asked:
+            elif role == "tool":
                 cid = _get(m, "tool_call_id")
-                yield cid, *asked[cid], _get(m, "content")
+                yield cid, *asked.get(cid, _UNSENT), _get(m, "content")
         return
     items = kw.get("input")
     if not isinstance(items, list | tuple):
@@ -77,39 +75,68 @@ def _results(api: str, kw: dict[str, Any]) -> Iterator[tuple[str, Any, Any, Any]
         kind = _get(it, "type")
         if kind == "function_call":
             asked[_get(it, "call_id")] = (_get(it, "name"), _get(it, "arguments"))
-        elif kind == "function_call_output" and _get(it, "call_id") in asked:
+        elif kind == "function_call_output":
             cid = _get(it, "call_id")
-            yield cid, *asked[cid], _get(it, "output")
+            yield cid, *asked.get(cid, _UNSENT), _get(it, "output")
 
 
-def _tool_count(run: Any) -> int:
-    return run.budget.usage().tool_calls
+_UNSENT = (None, None)
 
 
 def note_tools(run: Any, api: str, kw: dict[str, Any]) -> None:
     """Before a model call of ``run``: record the tool calls whose results ``kw`` (the
-    request's arguments) carries for the first time. Raises ``RunStopped`` only for a real
-    stop (a loop those calls complete, a tool quota); anything else is logged and counted."""
+    request's arguments) carries for the first time, among those the run's own responses
+    asked for. Raises ``RunStopped`` only for a real stop (a loop those calls complete, a
+    tool quota); anything else is logged and counted."""
     try:
-        st = _states.get(run)
-        if st is None:
-            st = _states[run] = _State(_tool_count(run))
-        fresh = [r for r in _results(api, kw) if isinstance(r[0], str) and r[0] not in st.seen]
-        own = _tool_count(run) - st.native  # recorded by the code itself since the last call
-        try:
-            for cid, name, args, result in fresh:
-                st.seen[cid] = None
-                if own > 0:
-                    own -= 1
-                    continue
-                call = admit_tool(name if isinstance(name, str) and name else "tool", args, run)
-                if call is not None:
-                    call.done(result, call_id=cid)
-        finally:
-            st.native = _tool_count(run)
-            while len(st.seen) > _MAX_SEEN:
-                del st.seen[next(iter(st.seen))]
+        ledger: CallLedger = run.calls
+        for cid, name, args, result in list(_results(api, kw)):
+            if not isinstance(cid, str) or ledger.known(cid):
+                continue
+            asked = ledger.asked(cid)
+            if asked is None:
+                continue  # not asked for in this run: history resent from before it
+            name = name if name is not None else asked[0]
+            args = args if args is not None else asked[1]
+            name, args = call_name_args(
+                {"name": name if isinstance(name, str) and name else "tool", "arguments": args}
+            )
+            ledger.see(cid)
+            if ledger.take_unnamed(name, run.fp.action(name, args)):
+                continue  # the code that ran it recorded it, without a call id
+            call = admit_tool(name, args, run)
+            if call is not None:
+                call.done(result, call_id=cid)
+        ledger.read_back()
     except RunStopped:
         raise
     except Exception:
         note_error("reading tool calls from a request")
+
+
+def note_asked(run: Any, call_id: Any, name: Any = None, arguments: Any = None) -> None:
+    """A model response of ``run`` asked for the tool call ``call_id``: its result, in a later
+    request, is a call of this run."""
+    if isinstance(call_id, str) and call_id:
+        run.calls.ask(call_id, name, arguments)
+
+
+def note_response(run: Any, api: str, response: Any) -> None:
+    """A model call of ``run`` answered with ``response`` (a parsed body, or the final
+    response of a responses stream): note the tool calls it asks for (:func:`note_asked`)."""
+    try:
+        if api == "chat":
+            for choice in _get(response, "choices") or ():
+                for c in _get(_get(choice, "message"), "tool_calls") or ():
+                    f = _get(c, "function")
+                    note_asked(run, _get(c, "id"), _get(f, "name"), _get(f, "arguments"))
+        elif api == "anthropic":
+            for b in _get(response, "content") or ():
+                if _get(b, "type") == "tool_use":
+                    note_asked(run, _get(b, "id"), _get(b, "name"), _get(b, "input"))
+        else:
+            for it in _get(response, "output") or ():
+                if _get(it, "type") == "function_call":
+                    note_asked(run, _get(it, "call_id"), _get(it, "name"), _get(it, "arguments"))
+    except Exception:
+        note_error("reading the tool calls of a response")

@@ -10,6 +10,7 @@ LangGraph lets out (``ToolNode`` never makes it a ``ToolMessage``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,8 @@ from guard.integrations._base import ToolCall, active_run, admit_tool, note_erro
 from guard.integrations._langchain_models import Bubble
 
 __all__ = ["wrap_atool", "wrap_tool"]
+
+_NOTHING = contextlib.nullcontext()
 
 
 def _model_args(tool: Any, tool_input: Any) -> Any:
@@ -66,7 +69,8 @@ def wrap_tool(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]
         try:
             call, call_id = _admit(self, args, kw)  # RunStopped: the tool does not run
             try:
-                result = orig(self, *args, **kw)
+                with call.running(call_id) if call is not None else _NOTHING:
+                    result = orig(self, *args, **kw)
             except RunStopped:
                 raise
             except BaseException as exc:
@@ -90,7 +94,8 @@ def wrap_atool(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any
         try:
             call, call_id = _admit(self, args, kw)
             try:
-                result = await orig(self, *args, **kw)
+                with call.running(call_id) if call is not None else _NOTHING:
+                    result = await orig(self, *args, **kw)
             except RunStopped:
                 raise
             except BaseException as exc:

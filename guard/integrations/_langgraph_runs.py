@@ -10,6 +10,10 @@ A LangGraph run is an iterator the caller drives, so :func:`guard.integrations._
   raises or is closed (a caller that stops reading early ends it as completed), and its
   stop comes out of the iterator as ``guard.RunStopped`` with the run's final outcome.
 * A graph run inside a graph run of the same guard run (a subgraph) is left alone.
+* A graph run that stops at an ``interrupt()`` (human in the loop) marks its guard run
+  resumable: the run's record has ``partial_result`` and ``recoverable`` set. The resume is the
+  next invocation, a run of its own that counts only its own calls (the history the checkpointer
+  resends is not its calls: :mod:`guard.integrations._conversation`).
 
 The run is started and finished with the SDK's run scope, the lifecycle of ``@guard.run``
 (:mod:`guard.sdk._scope`), so admission, the run span and the termination record are the
@@ -41,12 +45,29 @@ def _reset(var: contextvars.ContextVar[Any], token: Any) -> None:
         var.reset(token)
 
 
+def _interrupted(item: Any) -> bool:
+    """Whether a graph stream's item is LangGraph's interrupt (``{"__interrupt__": ...}``,
+    alone or as the payload of a ``(mode, payload)`` / ``(namespace, mode, payload)`` item)."""
+    if isinstance(item, tuple) and item:
+        item = item[-1]
+    return isinstance(item, dict) and "__interrupt__" in item
+
+
+def _note(run: Any, item: Any) -> None:
+    # An interrupted graph waits to be resumed: its run ends with a partial result it can
+    # resume from (the record says so), not as a finished answer.
+    if not run.resumable and _interrupted(item):
+        run.resumable = True
+
+
 # -- sync ----------------------------------------------------------------------------------------
 def _attached(run: Any, it: Iterator[Any]) -> Iterator[Any]:
     token = _graph_of.set(run)
     try:
         with _framework_run(run):
-            yield from it
+            for item in it:
+                _note(run, item)
+                yield item
     finally:
         _reset(_graph_of, token)
 
@@ -63,7 +84,9 @@ def iter_in_run(agent: str, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
     with RunScope(agent_spec(agent)) as r:
         token = _graph_of.set(r)
         try:
-            yield from make()
+            for item in make():
+                _note(r, item)
+                yield item
         finally:
             _reset(_graph_of, token)
 
@@ -74,6 +97,7 @@ async def _aattached(run: Any, it: AsyncIterator[Any]) -> AsyncIterator[Any]:
     try:
         with _framework_run(run):
             async for item in it:
+                _note(run, item)
                 yield item
     finally:
         _reset(_graph_of, token)
@@ -95,6 +119,7 @@ async def aiter_in_run(agent: str, make: Callable[[], AsyncIterator[Any]]) -> As
         token = _graph_of.set(r)
         try:
             async for item in make():
+                _note(r, item)
                 yield item
         finally:
             _reset(_graph_of, token)

@@ -238,15 +238,15 @@ class GuardCapability(AbstractCapability[Any]):
             return await handler(args)
         call_id = getattr(call, "tool_call_id", None)
         try:
-            result = await handler(args)
+            with tc.running(call_id):
+                result = await handler(args)
         except RunStopped:
+            tc.release()
             raise
         except Exception as exc:  # ModelRetry (ToolRetryError) included
-            if tc is not None:
-                tc.failed(exc, call_id=call_id)
+            tc.failed(exc, call_id=call_id)
             run.check_stop()  # a stop this failure reached: no retry prompt for the model
             raise
-        if tc is not None:
-            tc.done(result, call_id=call_id)
+        tc.done(result, call_id=call_id)
         run.check_stop()  # a stop this call reached (a loop): its result never reaches the model
         return result

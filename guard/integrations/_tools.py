@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from guard.integrations._base import active_run, note_error, step_for
 from guard.sdk._batch import call_name_args
 from guard.sdk._calls import MISSING, record_tool_call, reserve_tool
+from guard.sdk._ledger import ToolInvocation, invoking
 from guard.sdk._run import Run
 
 __all__ = ["ToolCall", "admit_tool"]
@@ -17,15 +20,38 @@ __all__ = ["ToolCall", "admit_tool"]
 class ToolCall:
     """One admitted tool call; :meth:`done` or :meth:`failed` records it exactly once."""
 
-    __slots__ = ("args", "fingerprint", "name", "recorded", "run", "slot", "started_at")
+    __slots__ = ("args", "fingerprint", "inv", "name", "recorded", "run", "slot", "started_at")
 
     def __init__(self, run: Run, name: str, args: Any, slot: Any) -> None:
         self.run, self.name, self.args, self.slot = run, name, args, slot
         self.started_at = time.time()
         self.recorded = False
+        self.inv: ToolInvocation | None = None
         self.fingerprint = run.fp.action(name, args)  # in-process: only the HMAC leaves
 
+    @contextlib.contextmanager
+    def running(self, call_id: str | None) -> Iterator[None]:
+        """Around the framework's execution of the tool: a ``@guard.tool`` inside, recording
+        in this run, is this call (it takes ``call_id``), and this one is then not recorded."""
+        with invoking(self.run, call_id) as self.inv:
+            yield
+
+    def release(self) -> None:
+        """Not recorded here (the tool's own code recorded it, or the run stopped): the quota
+        slot is given back."""
+        if self.recorded:
+            return
+        self.recorded = True
+        if self.slot is not None:
+            try:
+                self.slot.release()
+            except Exception:
+                note_error("releasing a tool slot")
+
     def _record(self, result: Any, error: BaseException | None, call_id: str | None) -> None:
+        if self.inv is not None and self.inv.by_code:
+            self.release()  # counted once, where the tool's own code recorded it
+            return
         if self.recorded:
             return
         self.recorded = True

@@ -50,7 +50,7 @@ from guard.integrations._client import (
     field,
     wrap_method,
 )
-from guard.integrations._conversation import note_tools
+from guard.integrations._conversation import note_asked, note_response, note_tools
 from guard.integrations._estimate import request_prompt
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable", "usage"]
@@ -111,9 +111,10 @@ _FIELDS = (
 class _Reader:
     """Usage and response id of a Messages stream, from its raw events as they pass."""
 
-    __slots__ = ("_fields", "response_id")
+    __slots__ = ("_fields", "response_id", "run")
 
-    def __init__(self) -> None:
+    def __init__(self, run: Any) -> None:
+        self.run = run
         self._fields: dict[str, Any] = {}
         self.response_id: str | None = None
 
@@ -137,6 +138,10 @@ class _Reader:
             self._take(getattr(msg, "usage", None))
         elif kind == "message_delta":
             self._take(getattr(event, "usage", None))
+        elif kind == "content_block_start":
+            block = getattr(event, "content_block", None)
+            if getattr(block, "type", None) == "tool_use":  # the run's own call, from its id
+                note_asked(self.run, getattr(block, "id", None), getattr(block, "name", None))
         return True
 
 
@@ -144,11 +149,12 @@ def _after(call: ModelCall, result: Any, _note: Any, is_async: bool) -> Any:
     from anthropic import AsyncStream, Stream
 
     if isinstance(result, Stream):
-        return GuardedStream(result, call, _Reader())
+        return GuardedStream(result, call, _Reader(call.run))
     if isinstance(result, AsyncStream):
-        return GuardedAsyncStream(result, call, _Reader())
+        return GuardedAsyncStream(result, call, _Reader(call.run))
     if hasattr(result, "http_response") and hasattr(result, "parse"):  # recorded when parsed
         return GuardedRaw(result, lambda parsed: _after(call, parsed, None, is_async))
+    note_response(call.run, "anthropic", result)  # the tool calls it asks for are the run's own
     rid = getattr(result, "id", None)
     call.finish(usage(getattr(result, "usage", None)), rid if isinstance(rid, str) else None)
     return result

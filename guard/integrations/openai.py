@@ -29,7 +29,7 @@ from guard.integrations._client import (
     count,
     wrap_method,
 )
-from guard.integrations._conversation import note_tools
+from guard.integrations._conversation import note_asked, note_response, note_tools
 from guard.integrations._estimate import request_prompt
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable"]
@@ -105,6 +105,7 @@ def _usage(api: str, u: Any) -> Usage | None:
 
 
 def _finish(call: ModelCall, api: str, parsed: Any) -> None:
+    note_response(call.run, api, parsed)  # the tool calls it asks for are the run's own
     rid = getattr(parsed, "id", None)
     call.finish(_usage(api, getattr(parsed, "usage", None)), rid if isinstance(rid, str) else None)
 
@@ -112,10 +113,10 @@ def _finish(call: ModelCall, api: str, parsed: Any) -> None:
 class _Reader:
     """Usage and response id of a stream, from its chunks / events as they pass."""
 
-    __slots__ = ("api", "asked", "response_id", "usage")
+    __slots__ = ("api", "asked", "response_id", "run", "usage")
 
-    def __init__(self, api: str, asked: bool) -> None:
-        self.api, self.asked = api, asked
+    def __init__(self, api: str, asked: bool, run: Any) -> None:
+        self.api, self.asked, self.run = api, asked, run
         self.usage: Usage | None = None
         self.response_id: str | None = None
 
@@ -124,6 +125,10 @@ class _Reader:
         if self.api == "chat":
             if self.response_id is None and isinstance(getattr(item, "id", None), str):
                 self.response_id = item.id
+            for choice in getattr(item, "choices", None) or ():
+                delta = getattr(choice, "delta", None)
+                for c in getattr(delta, "tool_calls", None) or ():  # its id: in its first delta
+                    note_asked(self.run, getattr(c, "id", None))
             u = getattr(item, "usage", None)
             if u is not None:
                 self.usage = _usage("chat", u)
@@ -138,6 +143,7 @@ class _Reader:
                 self.response_id = rid
             if kind in _DONE_EVENTS:
                 self.usage = _usage("responses", getattr(resp, "usage", None))
+                note_response(self.run, "responses", resp)
         return True
 
 
@@ -145,9 +151,9 @@ def _after(call: ModelCall, api: str, result: Any, asked: bool, is_async: bool) 
     from openai import AsyncStream, Stream
 
     if isinstance(result, Stream):
-        return GuardedStream(result, call, _Reader(api, asked))
+        return GuardedStream(result, call, _Reader(api, asked, call.run))
     if isinstance(result, AsyncStream):
-        return GuardedAsyncStream(result, call, _Reader(api, asked))
+        return GuardedAsyncStream(result, call, _Reader(api, asked, call.run))
     if hasattr(result, "http_response") and hasattr(result, "parse"):  # recorded when parsed
         return GuardedRaw(result, lambda parsed: _after(call, api, parsed, asked, is_async))
     _finish(call, api, result)

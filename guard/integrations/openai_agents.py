@@ -1,14 +1,19 @@
 """The OpenAI Agents SDK (``agents``): runs, tools and a stop that really stops the run.
 
-``enable()`` wraps three places of the library, so every agent, runner and tool is covered,
+``enable()`` wraps four places of the library, so every agent, runner and tool is covered,
 including those made before ``guard.instrument()``:
 
 * ``AgentRunner.run``: ``Runner.run`` and ``Runner.run_sync`` (which drives ``run`` on its own
   event loop) run inside the active ``@guard.run``, or as a new run named after the starting
   agent (``Agent.name``) when none is active (:func:`guard.integrations._base.in_run_async`);
 * the streamed run's loop (``agents.run.start_streaming``, the task ``Runner.run_streamed``
-  starts): the same, inside that task, so ``RunResultStreaming.stream_events()`` raises
-  ``RunStopped`` when the run is stopped, and a new run's cancel cancels that task;
+  starts): the same, inside that task, so a new run's cancel cancels that task and its stop
+  comes out of ``RunResultStreaming.stream_events()`` as ``RunStopped``;
+* the reader of a streamed run attached to a ``@guard.run`` (``stream_events``): that run's
+  task is the reader's, so the guard's stop cancels the reader while it waits for events, and
+  the library lets that ``CancelledError`` out; it comes out as ``RunStopped`` (with the run's
+  reason) instead, once the run's loop has settled. The user's own cancel of the reader stays
+  a ``CancelledError``;
 * the function-tool invocation (``agents.run_internal.tool_execution``): each call is admitted
   before the tool runs and recorded after it (fingerprint and result hash, in-process) for
   loop detection. A refused call raises ``RunStopped`` *outside* ``FunctionTool.on_invoke_tool``
@@ -25,14 +30,20 @@ turns it off again only if it turned it on and nobody else asked for it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
 
 from guard.errors import RunStopped
 from guard.integrations._base import active_run, admit_tool, in_run_async, note_error
+from guard.integrations._framework_runs import swallowed
+from guard.sdk._run import _task_cancels
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable"]
+
+_NOTHING = contextlib.nullcontext()
 
 NAME = "openai_agents"
 LIBRARY = "agents"
@@ -42,11 +53,12 @@ _own_client_layer = False  # the openai client layer was turned on by this integ
 
 
 def enable() -> None:
-    """Wrap the runner, the streamed loop and the tool invocation (idempotent)."""
+    """Wrap the runner, the streamed loop and its reader, and the tool invocation (idempotent)."""
     global _own_client_layer
     if _patched:
         return
     from agents import run as run_mod
+    from agents.result import RunResultStreaming
     from agents.run_internal import tool_execution
 
     from guard.integrations import openai as client_layer
@@ -58,6 +70,7 @@ def enable() -> None:
     for owner, attr, wrap in (
         (run_mod.AgentRunner, "run", _wrap_run),
         (run_mod, "start_streaming", _wrap_streaming),
+        (RunResultStreaming, "stream_events", _wrap_stream_events),
         (tool_execution, "_invoke_function_tool_with_metadata", _wrap_tool),
     ):
         orig = getattr(owner, attr)
@@ -109,6 +122,66 @@ def _wrap_streaming(orig: Callable[..., Any]) -> Callable[..., Any]:
     return start_streaming
 
 
+# How long a reader the guard stopped waits for the run's loop, which the library cancelled
+# without waiting: a loop that ignores its cancel must not hold the user's stop up.
+_SETTLE_S = 5.0
+
+
+def _stopped_by_guard() -> bool:
+    """Whether the cancellation this task is unwinding is the guard's: every cancel request
+    pending on it is the SDK's own (a user's cancel of the task is one more)."""
+    task = asyncio.current_task()
+    if task is None:
+        return False
+    return task.cancelling() <= (1 if task in _task_cancels else 0)
+
+
+async def _settle(result: Any) -> None:
+    """Let the run's loop task finish (the library cancelled it when its reader was cancelled)
+    so nothing of the run goes on once ``RunStopped`` is out; its exception, the same stop, is
+    taken so that asyncio does not report it as never retrieved."""
+    task = getattr(result, "run_loop_task", None)
+    if not isinstance(task, asyncio.Task):
+        return
+    if not task.done():
+        task.cancel()
+        await asyncio.wait((task,), timeout=_SETTLE_S)
+    if task.done() and not task.cancelled():
+        task.exception()
+
+
+def _wrap_stream_events(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    async def stream_events(self: Any, *args: Any, **kwargs: Any) -> Any:
+        run = active_run()  # the reader's run: a streamed run attached to it shares its task
+        events = orig(self, *args, **kwargs)
+        try:
+            async for event in events:
+                yield event
+        except (RunStopped, GeneratorExit):
+            raise
+        except asyncio.CancelledError as exc:
+            if run is None or not _stopped_by_guard():
+                raise
+            try:
+                await _settle(self)
+            except Exception:
+                note_error("settling a stopped openai-agents stream")
+            swallowed(run, exc)
+            raise
+        except BaseException as exc:
+            if run is not None:
+                swallowed(run, exc)
+            raise
+        finally:
+            await events.aclose()
+        if run is not None:
+            swallowed(run, None)
+
+    stream_events.__guard_original__ = orig  # type: ignore[attr-defined]
+    return stream_events
+
+
 # -- tools -----------------------------------------------------------------------------------
 def _stop_if_stopped(run: Any) -> None:
     """A cancel, or a stop raised inside the tool and swallowed by the library: raise it rather
@@ -119,15 +192,8 @@ def _stop_if_stopped(run: Any) -> None:
 
 def _release(call: Any) -> None:
     """An admitted call that is not recorded here: give its quota slot back."""
-    if call is None or call.recorded:
-        return
-    call.recorded = True
-    slot = call.slot
-    if slot is not None:
-        try:
-            slot.release()
-        except Exception:
-            note_error("releasing an openai-agents tool slot")
+    if call is not None:
+        call.release()
 
 
 def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -146,11 +212,11 @@ def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
             raise  # refused: the tool does not run, and the stop ends the framework's run
         except Exception:
             note_error("admitting an openai-agents tool call")
-        before = run.budget.usage().tool_calls
         try:
-            result = await orig(
-                function_tool=function_tool, context=context, arguments=arguments, **kw
-            )
+            with call.running(call_id) if call is not None else _NOTHING:
+                result = await orig(
+                    function_tool=function_tool, context=context, arguments=arguments, **kw
+                )
         except RunStopped:
             _release(call)
             raise
@@ -164,14 +230,8 @@ def _wrap_tool(orig: Callable[..., Any]) -> Callable[..., Any]:
         if run.stopped is not None or run.cancelled:
             _release(call)  # its "result" is the library's text for a refusal, or moot
             run.check_stop()
-        if call is not None:
-            if run.budget.usage().tool_calls > before:
-                # The tool's own code recorded it (a @guard.tool inside): counted once, there.
-                # (A parallel call of the same run recording meanwhile is taken for it too;
-                # that loses one observation, never counts a call twice.)
-                _release(call)
-            else:
-                call.done(getattr(result, "output", result), call_id=call_id)
+        if call is not None:  # (released instead when a @guard.tool inside recorded it)
+            call.done(getattr(result, "output", result), call_id=call_id)
         return result
 
     invoke.__guard_original__ = orig  # type: ignore[attr-defined]

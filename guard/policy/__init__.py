@@ -1,5 +1,6 @@
 """The pure policy engine: budgets, the decision order, rolling windows, loop and stagnation
-detection, canonicalisation and fingerprints, forecasting and the policy file.
+detection (with the poll rule and progress derived from tool results), canonicalisation and
+fingerprints, forecasting and the policy file.
 
 No I/O and no grpc, OpenTelemetry, ClickHouse or yaml imports (a test enforces it): the SDK
 and the guard run this same code, so a decision means the same thing on both sides.
@@ -22,7 +23,9 @@ from guard.policy._decide import SoftLevel, decide, utilisation
 from guard.policy._fingerprint import Fingerprinter, hash64, native_available, use_native
 from guard.policy._forecast import Forecast, Forecaster
 from guard.policy._loops import LoopDetector, LoopVerdict
+from guard.policy._novelty import ResultNovelty
 from guard.policy._parse import parse_limits
+from guard.policy._polls import POLL_PATTERN, PollWatch
 from guard.policy._presets import PRESETS
 from guard.policy._rolling import (
     ROLLING_METRICS,
@@ -57,6 +60,7 @@ __all__ = [
     "DEFAULT_PRICE_BOOK",
     "DEFAULT_SOFT_THRESHOLDS",
     "METRIC_REASON",
+    "POLL_PATTERN",
     "PRESETS",
     "REASON_STATUS",
     "ROLLING_METRICS",
@@ -80,10 +84,12 @@ __all__ = [
     "Outcome",
     "Phase",
     "PolicyConfig",
+    "PollWatch",
     "PriceBook",
     "Reason",
     "Remaining",
     "Reservation",
+    "ResultNovelty",
     "RollingLimit",
     "RollingWindow",
     "SoftLevel",

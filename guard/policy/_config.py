@@ -93,6 +93,8 @@ def limits_to_dict(limits: Limits) -> dict[str, Any]:
                 "repeat_threshold": v.repeat_threshold,
                 "no_progress_steps": v.no_progress_steps,
                 "ignore_fields": list(v.ignore_fields),
+                "poll_tools": list(v.poll_tools),
+                "max_unchanged_polls": v.max_unchanged_polls,
             }
         elif f.name == "soft_thresholds":
             v = list(v)

@@ -24,6 +24,16 @@ __all__ = [
 
 # The loop window is per live run; capping it keeps the guard's memory per run bounded.
 MAX_LOOP_WINDOW = 256
+# max_unchanged_polls: a bound of a million identical answers is no bound worth having.
+MAX_UNCHANGED_POLLS = 1_000_000
+_LOOP_KEYS = {
+    "window",
+    "repeat_threshold",
+    "no_progress_steps",
+    "ignore_fields",
+    "poll_tools",
+    "max_unchanged_polls",
+}
 
 
 def _join(path: str, key: str) -> str:
@@ -99,7 +109,7 @@ def opt_float(
 
 def parse_loop(v: Any, path: str, base: LoopSettings) -> LoopSettings:
     d = req_mapping(v, path)
-    check_keys(d, {"window", "repeat_threshold", "no_progress_steps", "ignore_fields"}, path)
+    check_keys(d, _LOOP_KEYS, path)
     kw: dict[str, Any] = {}
     for name, lo in (("window", 2), ("repeat_threshold", 2), ("no_progress_steps", 2)):
         if name in d:
@@ -107,14 +117,20 @@ def parse_loop(v: Any, path: str, base: LoopSettings) -> LoopSettings:
             if got is None:
                 raise ConfigError(f"must be an integer >= {lo}, got null", path=f"{path}.{name}")
             kw[name] = got
-    if "ignore_fields" in d:
-        raw = d["ignore_fields"]
-        if not isinstance(raw, list | tuple):
-            raise ConfigError(
-                f"must be a list of strings, got {_type(raw)}", path=f"{path}.ignore_fields"
-            )
-        kw["ignore_fields"] = tuple(
-            req_str(x, f"{path}.ignore_fields[{i}]") for i, x in enumerate(raw)
+    for name in ("ignore_fields", "poll_tools"):
+        if name in d:
+            raw = d[name]
+            if not isinstance(raw, list | tuple):
+                raise ConfigError(
+                    f"must be a list of strings, got {_type(raw)}", path=f"{path}.{name}"
+                )
+            kw[name] = tuple(req_str(x, f"{path}.{name}[{i}]") for i, x in enumerate(raw))
+    if "max_unchanged_polls" in d:  # null turns the poll rule off
+        kw["max_unchanged_polls"] = opt_int(
+            d["max_unchanged_polls"],
+            f"{path}.max_unchanged_polls",
+            minimum=2,
+            maximum=MAX_UNCHANGED_POLLS,
         )
     out = replace(base, **kw)
     if out.repeat_threshold > out.window:

@@ -151,6 +151,13 @@ class LoopSettings:
     no_progress_steps: int = 8
     # Tool-argument fields ignored by canonicalisation, e.g. pagination cursors.
     ignore_fields: tuple[str, ...] = ("page", "offset", "cursor", "request_id", "timestamp")
+    # Tools declared as polls (a job status checked until it changes): their calls are judged
+    # by the poll rule (guard.policy._polls), never by the repeat, cycle or same-result patterns.
+    poll_tools: tuple[str, ...] = ()
+    # The same poll (tool and arguments) answering the same result this many times in a row is
+    # a loop (pattern poll_unchanged); ``None``: never. Ten: a wait of three times the repeat
+    # threshold, each poll a model turn that learnt nothing (a longer wait belongs in the tool).
+    max_unchanged_polls: int | None = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +197,10 @@ class Limits:
                     repeat_threshold=min(a.repeat_threshold, b.repeat_threshold),
                     no_progress_steps=min(a.no_progress_steps, b.no_progress_steps),
                     ignore_fields=tuple(sorted(set(a.ignore_fields) | set(b.ignore_fields))),
+                    # A poll declaration is a fact about a tool that either side may know,
+                    # not a limit: the union (the poll rule itself takes the smaller bound).
+                    poll_tools=tuple(sorted(set(a.poll_tools) | set(b.poll_tools))),
+                    max_unchanged_polls=_min_bound(a.max_unchanged_polls, b.max_unchanged_polls),
                 )
             elif f.name == "soft_thresholds":
                 merged[f.name] = tuple(min(x, y) for x, y in zip(a, b, strict=False)) or a or b
@@ -206,6 +217,13 @@ class Limits:
             else:
                 merged[f.name] = min(a, b)
         return Limits(**merged)
+
+
+def _min_bound(a: int | None, b: int | None) -> int | None:
+    """The smaller of two bounds, where ``None`` (no bound) loses."""
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,9 @@ from guard import semconv as A
 from guard.errors import BudgetExceeded
 from guard.policy import Action, Decision, Phase, Reason
 from guard.policy import Status as RunStatus
+from guard.sdk._ledger import claim_invocation
 from guard.sdk._outcome import tag
+from guard.sdk._polls import is_poll
 from guard.sdk._reserve import budget_stop, tenant_check
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,15 +155,22 @@ def record_tool_call(
     started_at: float | None = None,
     reservation: Reservation | None = None,
     span_attrs: dict[str, Any] | None = None,
+    poll: bool = False,
 ) -> str:
     """Record one finished tool call; returns its action fingerprint.
 
     Only the HMAC fingerprint of ``args`` and the hash of ``result`` leave the process.
     ``span_attrs``: the call already has a span (a third-party tool span, ``_foreign``): its
     ``execute_tool`` attributes go into this dict instead of a span of ours.
+    ``poll``: the call is a poll (so is a call of a tool declared one: ``guard.sdk._polls``):
+    the poll rule judges it, not the loop detector, and its span carries no fingerprint.
     """
     fp = run.fp
     action = fp.action(name, args)
+    inv = claim_invocation(run)  # a @guard.tool inside a framework's tool: that call
+    if inv is not None and not call_id:
+        call_id = inv.call_id
+    run.calls.recorded(call_id, name, action)
     result_hash = None if result is MISSING else fp.result(result)
     if error is not None and result_hash is None:
         # A failure is an observation too: the same error again is "no new information".
@@ -189,12 +198,16 @@ def record_tool_call(
             run.means.add_tool(name, cost_usd)
         if reservation is not None:
             reservation.release()  # after recording: the slot is never free twice
-    verdict = run.observe_action(name, action, result_hash, error is None)
+    poll = poll or is_poll(run, name)
+    if poll:
+        verdict = run.observe_poll(name, action, result_hash, error is None)
+    else:
+        verdict = run.observe_action(name, action, result_hash, error is None)
     loop = verdict if verdict.level is not _CONTINUE else None
     d = None
     if quick:
         seq, d = run.budget.tool_call_escalation(attempts, None, loop, run.soft.rank)
-    if step is not None:
+    if step is not None and not poll:
         step.action = action  # the step span carries the last tool call's fingerprint
     attrs: dict[str, Any] = {
         _OPERATION: A.EXECUTE_TOOL,
@@ -203,6 +216,11 @@ def record_tool_call(
         _TOOL_ATTEMPTS: attempts,
         _RUN_ID: run.run_id,
     }
+    if poll:
+        # No fingerprint: the guard counts the call without feeding its loop detector (whose
+        # repeat patterns would stop a declared poll at its third unchanged answer).
+        del attrs[_ACTION_FP]
+        attrs[A.TOOL_POLL] = True
     if run.numbered:
         attrs[_SEQ] = seq
     if call_id:

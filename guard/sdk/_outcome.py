@@ -70,13 +70,14 @@ def build_outcome(run: Run, status: Status, reason: Reason, message: str, by: De
         last_tool=run.last_tool,
         last_action_hash=run.last_action_hash,
         loop_hits=run.detector.hits,
-        partial_result=bool(partial) and stopped,
+        partial_result=(bool(partial) and stopped) or run.resumable,
         recoverable=(
             stopped
             and status in (Status.TERMINATED, Status.CANCELLED, Status.DEGRADED)
             and reason not in _NOT_RECOVERABLE
         )
-        or reason is Reason.MODEL_ERROR,
+        or reason is Reason.MODEL_ERROR
+        or run.resumable,
         decided_by=by,
         price_book_version=run.price_book_version,
         started_at=run.started_at,

@@ -31,12 +31,15 @@ from guard.policy import (
     Decision,
     Limits,
     LoopDetector,
+    PollWatch,
     Reason,
     Remaining,
+    ResultNovelty,
     SoftLevel,
     Status,
 )
 from guard.sdk._implicit import Means
+from guard.sdk._ledger import CallLedger
 from guard.sdk._outcome import build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
 from guard.sdk._run_flow import RunFlow
@@ -88,6 +91,12 @@ class Run(RunFlow):
             limits, parent=parent.budget if parent is not None else None, clock=rt.clock.monotonic
         )
         self.detector = LoopDetector(limits.loop)
+        # The poll rule, the tools the policy names as polls, and the progress derived from
+        # tool results for steps whose code reports none (guard.policy._polls, _novelty).
+        self.polls = PollWatch(limits.loop)
+        self.poll_tools = frozenset(limits.loop.poll_tools)
+        self.novelty = ResultNovelty()
+        self.last_state: str | None = None  # the state hash the last step ended with
         self.fp = rt.fingerprinter_for(limits.loop.ignore_fields)
         self.fp_ignore_fields = limits.loop.ignore_fields
         self.soft = SoftLevel()
@@ -113,7 +122,10 @@ class Run(RunFlow):
         # the largest reply of its model calls: the output an integration holds for a request
         # that sets no max tokens (0: none yet)
         self.max_output_tokens_seen = 0
+        self.calls = CallLedger()  # the tool calls of its conversation it has accounted for
         self.partial_result: bool | None = None  # the user may say so explicitly
+        # a framework said the run can be resumed where it ended (an interrupted graph)
+        self.resumable = False
         self.warned = False
         self.wrap_up_requested = False
         self.directives: list[tuple[str, str, str, str]] = []  # (action, reason, detail, source)
@@ -228,6 +240,8 @@ class Run(RunFlow):
                 # restarts the detection window under the stricter settings.
                 self.detector = LoopDetector(loop)
                 self.detector.hits = old.hits
+            self.polls.adopt(loop)
+            self.poll_tools = frozenset(loop.poll_tools)
             if set(loop.ignore_fields) != set(self.fp_ignore_fields):
                 self.fp = self.rt.fingerprinter_for(loop.ignore_fields)
                 self.fp_ignore_fields = loop.ignore_fields
@@ -266,6 +280,11 @@ class Run(RunFlow):
         with self._lock:
             if not self.live or self._interrupt is not None:
                 return self.live
+            if self.stopped is not None and by is DecidedBy.GUARD:
+                # Already stopped in-process (the stop raised to the code is sticky): the
+                # guard's cancel, decided from the same spans, must not also cancel the
+                # task in the middle of the code's own handling of that stop.
+                return True
             # 1. refuse new work: every SDK call raises from now on.
             self._interrupt = (reason, detail, by, cancel)
             self.interrupted = True

@@ -28,7 +28,9 @@ from guard.policy import (
     Decision,
     LoopDetector,
     Phase,
+    PollWatch,
     Reason,
+    ResultNovelty,
     SoftLevel,
     Status,
 )
@@ -56,6 +58,10 @@ class RunFlow:
     allowance: Any
     budget: Budget
     detector: LoopDetector
+    polls: PollWatch
+    poll_tools: frozenset[str]
+    novelty: ResultNovelty
+    last_state: str | None
     soft: SoftLevel
     span: Any
     step_index: int
@@ -143,14 +149,53 @@ class RunFlow:
         return self.soft.rank
 
     def observe_action(self, name: str, action: str, result_hash: str | None, ok: bool) -> Any:
-        """Feed one tool call to the loop detector; returns its verdict."""
+        """Feed one tool call to the loop detector (and its result to the novelty of the
+        step's results); returns its verdict."""
         with self._lock:  # the loop detector is single-caller; parallel tools share it
             verdict = self.detector.observe_action(action, result_hash)
+            self.novelty.observe(result_hash)
             self.last_tool = name
             self.last_action_hash = action
             if ok:
                 self.did_work = True
         return verdict
+
+    def observe_poll(self, name: str, action: str, result_hash: str | None, ok: bool) -> Any:
+        """Feed one call of a declared poll to the poll rule (never to the loop detector);
+        returns its verdict, decided like the detector's."""
+        with self._lock:
+            verdict = self.polls.observe(action, result_hash)
+            self.novelty.note_poll()
+            if verdict.level is not _CONTINUE:
+                self.detector.hits += 1  # the run's loop_hits count every pattern's findings
+            self.last_tool = name
+            self.last_action_hash = action
+            if ok:
+                self.did_work = True
+        return verdict
+
+    def step_signals(
+        self, progress: bool | None, state: str | None, tool_calls: int
+    ) -> tuple[bool | None, str | None, bool]:
+        """What a step ending now reports to the stagnation detector (and on its span):
+        ``(progress, state, acted)``.
+
+        The code's own ``progress`` or facts (``state``) always win. With neither, progress is
+        derived from the step's tool results (:class:`~guard.policy.ResultNovelty`: a result new
+        to the run is progress, only results seen before is none). A step whose calls were all
+        declared polls is neither progress nor stale: it did not act, and an unchanged state
+        it reports is left out (the guard, which counts its poll calls as actions, would
+        otherwise count it stale).
+        """
+        with self._lock:
+            derived, only_polled = self.novelty.end_step()
+            if progress is None and state is None:
+                progress = derived
+            elif only_polled and progress is None and state == self.last_state:
+                state = None
+            if state is not None:
+                self.last_state = state
+        return progress, state, tool_calls > 0 and not only_polled
 
     def end_step(self, *, state: str | None, progress: bool | None, acted: bool) -> None:
         """A step ended normally: the stagnation detector sees it; a loop or no-progress

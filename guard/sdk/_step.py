@@ -123,7 +123,10 @@ class Step:
             return
         if self._implicit is not None or self._spent is not None or run.means.pending:
             end_step(self)  # (pending: steps that began before the run's first mean)
-        progress, state, action = self._progress, self._state, self.action
+        # The code's progress or facts, else the progress its tool results show (the span
+        # carries either, so the guard's detector sees what the run's own detector sees).
+        progress, state, acted = run.step_signals(self._progress, self._state, self.tool_calls)
+        action = self.action
         attrs: dict[str, Any] = {}
         if progress is not None:
             attrs[_PROGRESS] = progress
@@ -135,7 +138,7 @@ class Step:
             attrs[A.ERROR_TYPE] = et.__qualname__
             span.set_status(_ERROR)
         else:
-            run.end_step(state=state, progress=progress, acted=self.tool_calls > 0)
+            run.end_step(state=state, progress=progress, acted=acted)
         if attrs:
             span.set_attributes(attrs)
         span.end()
@@ -307,11 +310,13 @@ class Step:
         error: BaseException | None = None,
         call_id: str | None = None,
         started_at: float | None = None,
+        poll: bool = False,
     ) -> str | None:
         """Record a finished tool call; returns its action fingerprint (HMAC of name+args).
 
         The call is recorded first (completed results are kept), then a cancel or a stop
-        reached by it is raised.
+        reached by it is raised. ``poll=True``: the call is a poll (a job status checked until
+        it changes), judged by the poll rule instead of the repeat and cycle patterns.
         """
         run = self.run
         if run is None:
@@ -329,6 +334,7 @@ class Step:
             error,
             call_id,
             started_at,
+            poll=poll,
         )
         if run.interrupted:  # run.check_interrupt(), without the call
             run.check_stop()
@@ -341,7 +347,9 @@ class Step:
         """Report progress: ``progress(True)``, or ``facts=[...]`` whose hash is the state.
 
         The state hash changes when the facts change; an unchanged state over
-        ``no_progress_steps`` steps is stagnation.
+        ``no_progress_steps`` steps is stagnation. A step that reports neither gets its
+        progress from its tool results: ``True`` when one is new to the run, ``False`` when
+        all were seen before, none without results.
         """
         if self.run is None:
             return

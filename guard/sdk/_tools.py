@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from guard.errors import ConfigError
 from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, reserve_tool
 from guard.sdk._implicit import tool_estimate
@@ -37,12 +38,21 @@ def _call_args(sig: inspect.Signature | None, args: tuple, kwargs: dict) -> Any:
 def tool(fn: F) -> F: ...
 @overload
 def tool(
-    *, name: str | None = None, retries: int = 0, cost_usd: float | None = None
+    *,
+    name: str | None = None,
+    retries: int = 0,
+    cost_usd: float | None = None,
+    poll: bool = False,
 ) -> Callable[[F], F]: ...
 
 
 def tool(
-    fn: Any = None, *, name: str | None = None, retries: int = 0, cost_usd: float | None = None
+    fn: Any = None,
+    *,
+    name: str | None = None,
+    retries: int = 0,
+    cost_usd: float | None = None,
+    poll: bool = False,
 ) -> Any:
     """Record every call of a tool function: fingerprint, result hash, attempts, errors.
 
@@ -53,11 +63,16 @@ def tool(
     ``cost_usd``: the price of one call of a paid tool; it is reserved before the call
     (against the run, its ancestors and its tenant: ``RunStopped`` when it cannot be covered)
     and recorded as the call's cost.
+    ``poll=True``: the tool is a poll (a job status checked until it changes). Its repeated
+    identical calls are not a loop; the same call answering the same result
+    ``loop.max_unchanged_polls`` times in a row is (``loop_detected``, ``poll_unchanged``).
     """
     if cost_usd is not None:
         cost_usd = check_money("cost_usd", cost_usd)
+    if not isinstance(poll, bool):
+        raise ConfigError(f"must be true or false, got {poll!r}", path="tool.poll")
     if fn is None:
-        return lambda f: tool(f, name=name, retries=retries, cost_usd=cost_usd)
+        return lambda f: tool(f, name=name, retries=retries, cost_usd=cost_usd, poll=poll)
     tool_name = name or getattr(fn, "__name__", "tool")
     try:
         sig: inspect.Signature | None = inspect.signature(fn)
@@ -71,7 +86,7 @@ def tool(
             run = current_run_or_none()
             if run is None:
                 return await fn(*args, **kwargs)
-            call = _ToolCall(run, tool_name, sig, args, kwargs, retries, cost_usd)
+            call = _ToolCall(run, tool_name, sig, args, kwargs, retries, cost_usd, poll)
             while True:
                 call.attempts += 1
                 try:
@@ -89,7 +104,7 @@ def tool(
         run = current_run_or_none()
         if run is None:
             return fn(*args, **kwargs)
-        call = _ToolCall(run, tool_name, sig, args, kwargs, retries, cost_usd)
+        call = _ToolCall(run, tool_name, sig, args, kwargs, retries, cost_usd, poll)
         while True:
             call.attempts += 1
             try:
@@ -113,6 +128,7 @@ class _ToolCall:
         "cost_usd",
         "kwargs",
         "name",
+        "poll",
         "retries",
         "run",
         "sig",
@@ -129,6 +145,7 @@ class _ToolCall:
         kwargs: dict,
         retries: int,
         cost_usd: float | None = None,
+        poll: bool = False,
     ) -> None:
         # No price given: the tool's mean cost per call so far (an implicit estimate).
         est = tool_estimate(run, name) if cost_usd is None else None
@@ -137,6 +154,7 @@ class _ToolCall:
         self.cost_usd = cost_usd
         self.run, self.name, self.sig, self.args, self.kwargs = run, name, sig, args, kwargs
         self.retries = retries
+        self.poll = poll
         self.started = time.time()
         self.attempts = 0
 
@@ -167,4 +185,5 @@ class _ToolCall:
             error=exc,
             started_at=self.started,
             reservation=self.slot,
+            poll=self.poll,
         )

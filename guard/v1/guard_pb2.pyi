@@ -35,14 +35,18 @@ class Limits(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ..., max_tool_calls: _Optional[int] = ..., max_model_calls: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., deadline_s: _Optional[float] = ..., reserve_tokens: _Optional[int] = ..., reserve_s: _Optional[float] = ..., soft_thresholds: _Optional[_Iterable[float]] = ..., loop: _Optional[_Union[LoopPolicy, _Mapping]] = ..., pause_freezes_deadline: _Optional[bool] = ..., implicit_estimates: _Optional[bool] = ...) -> None: ...
 
 class LoopPolicy(_message.Message):
-    __slots__ = ("window", "repeat_threshold", "no_progress_steps")
+    __slots__ = ("window", "repeat_threshold", "no_progress_steps", "poll_tools", "max_unchanged_polls")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     REPEAT_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     NO_PROGRESS_STEPS_FIELD_NUMBER: _ClassVar[int]
+    POLL_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    MAX_UNCHANGED_POLLS_FIELD_NUMBER: _ClassVar[int]
     window: int
     repeat_threshold: int
     no_progress_steps: int
-    def __init__(self, window: _Optional[int] = ..., repeat_threshold: _Optional[int] = ..., no_progress_steps: _Optional[int] = ...) -> None: ...
+    poll_tools: _containers.RepeatedScalarFieldContainer[str]
+    max_unchanged_polls: int
+    def __init__(self, window: _Optional[int] = ..., repeat_threshold: _Optional[int] = ..., no_progress_steps: _Optional[int] = ..., poll_tools: _Optional[_Iterable[str]] = ..., max_unchanged_polls: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("steps", "model_calls", "tool_calls", "tool_attempts", "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "cost_usd")
