@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import threading
 from collections.abc import Iterable
 
@@ -22,6 +23,8 @@ from guard.errors import ConfigError
 from guard.sdk._polls import clear_polls, declare_polls
 
 __all__ = ["KNOWN", "enabled", "instrument", "uninstrument"]
+
+log = logging.getLogger("guard.integrations")
 
 # name -> (library import name, integration module, extra). Order = the order they turn on.
 KNOWN: dict[str, tuple[str, str, str]] = {
@@ -56,7 +59,9 @@ def instrument(*names: str, polls: Iterable[str] = ()) -> list[str]:
 
     Idempotent: an integration already on stays on (once). Returns the names that are on among
     those asked for (all of them: every importable one), in turn-on order. An unknown name, or a
-    named one whose library is not installed, is a :class:`~guard.errors.ConfigError`.
+    named one whose library is not installed, is a :class:`~guard.errors.ConfigError`. A library
+    release that no longer has what its integration wraps leaves that integration off, with
+    nothing of it patched: a ``ConfigError`` when it was named, else a warning.
 
     ``polls``: names of tools that are polls (a job status checked until it changes), for every
     run of this process: their repeated identical calls are not a loop, but the same call
@@ -87,10 +92,40 @@ def instrument(*names: str, polls: Iterable[str] = ()) -> list[str]:
                     )
                 continue
             mod = importlib.import_module(KNOWN[name][1])
-            mod.enable()
+            try:
+                mod.enable()
+            except Exception as exc:  # a release that moved what the integration wraps
+                _undo(mod)
+                library, _, extra = KNOWN[name]
+                msg = (
+                    f"integration {name!r} cannot guard {library} {_version(library)}: "
+                    f"{type(exc).__name__}: {exc}; the tested releases are pinned by "
+                    f"pip install 'otel-guard[{extra}]'"
+                )
+                if names:
+                    raise ConfigError(msg, path="instrument") from exc
+                log.warning("otel-guard: %s (left off; the other integrations are on)", msg)
+                continue
             _on[name] = mod
             out.append(name)
     return out
+
+
+def _undo(mod: object) -> None:
+    try:
+        mod.disable()  # type: ignore[attr-defined]  (what enable() patched before it failed)
+    except Exception:
+        log.exception("otel-guard: undoing a failed integration")
+
+
+def _version(library: str) -> str:
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    try:
+        dist = (packages_distributions().get(library) or [library])[0]
+        return version(dist)
+    except (PackageNotFoundError, IndexError):
+        return "(version unknown)"
 
 
 def uninstrument(*names: str) -> list[str]:

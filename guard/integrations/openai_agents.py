@@ -63,16 +63,22 @@ def enable() -> None:
 
     from guard.integrations import openai as client_layer
 
-    # The client layer has no "is on" query of its own: its list of patched methods is it.
-    if not client_layer._patched:
-        client_layer.enable()
-        _own_client_layer = True
-    for owner, attr, wrap in (
+    seams = (
         (run_mod.AgentRunner, "run", _wrap_run),
         (run_mod, "start_streaming", _wrap_streaming),
         (RunResultStreaming, "stream_events", _wrap_stream_events),
         (tool_execution, "_invoke_function_tool_with_metadata", _wrap_tool),
-    ):
+    )
+    # All looked up before anything is patched: a release that moved one of them leaves the
+    # library as it was (instrument() reports it), never half wrapped.
+    missing = [f"{getattr(o, '__name__', o)}.{a}" for o, a, _ in seams if not hasattr(o, a)]
+    if missing:
+        raise AttributeError(f"the Agents SDK has no {', '.join(missing)}")
+    # The client layer has no "is on" query of its own: its list of patched methods is it.
+    if not client_layer._patched:
+        client_layer.enable()
+        _own_client_layer = True
+    for owner, attr, wrap in seams:
         orig = getattr(owner, attr)
         setattr(owner, attr, wrap(orig))
         _patched.append((owner, attr, orig))
