@@ -17,6 +17,10 @@ is the final answer's turn. It is compared with the pure detector (``run_trace``
 settings) on the trace without its facts and progress flags (what the framework run gives the
 detector) and with them (the corpus' own figures).
 
+A second pass (``with_agent_facts``) replays the traces that carry facts or progress flags
+with the agent reporting them from its tools, one ``guard.progress(...)`` line, as an agent
+that knows its task state would.
+
 Traces tagged ``polling`` declare their poll tool when the SDK has a way to: feature-detected,
 ``guard.instrument(polls=[...])``, else ``@guard.tool(poll=True)`` inside the tool; else
 undeclared (``declared_with`` says which applied).
@@ -98,8 +102,9 @@ def poll_tools(trace: Trace) -> tuple[str, ...]:
 class Scripted:
     """One trace's model (the server's script) and tool results."""
 
-    def __init__(self, trace: Trace, steps: tuple) -> None:
+    def __init__(self, trace: Trace, steps: tuple, report: bool = False) -> None:
         self.trace, self.steps = trace, steps
+        self.report = report  # the tools report the step's facts (guard.progress)
         self.served = 0  # model replies handed out
         self.tool_runs = 0
         self.lookup_errors: list[str] = []
@@ -129,6 +134,9 @@ class Scripted:
             self.lookup_errors.append(f"step {step}: {name}({key})")
             return "error: no such call in the trace"
         at = next((i for i, (k, _) in enumerate(left) if k == key), 0)
+        st = self.steps[step]
+        if self.report and (st.facts is not None or st.progress is not None):
+            guard.progress(st.progress, facts=st.facts)  # the agent's own word on its task
         return left.pop(at)[1]
 
 
@@ -252,11 +260,11 @@ def _turn_on(polls: tuple) -> str | None:
 
 
 def _run_one(
-    fw: Callable[..., Any], trace: Trace, llm: LLMServer, settings: LoopSettings
+    fw: Callable[..., Any], trace: Trace, llm: LLMServer, settings: LoopSettings, report=False
 ) -> tuple[Replayed, dict]:
     steps = _tool_steps(trace)
     assert steps is not None
-    sc = Scripted(trace, steps)
+    sc = Scripted(trace, steps, report)
     llm.script = sc.reply
     polls = poll_tools(trace)
     how = _instrument(polls)
@@ -283,6 +291,10 @@ def _run_one(
     if sc.lookup_errors:
         out.error = f"calls not in the trace: {sc.lookup_errors[:3]}"
     return out, {"tools": list(polls), "declared_with": how} if polls else {}
+
+
+def _has_facts(trace: Trace) -> bool:
+    return any(s.facts is not None or s.progress is not None for s in trace.steps)
 
 
 def _bare(trace: Trace) -> Trace:
@@ -372,8 +384,16 @@ def run(names: list[str], settings: LoopSettings, quick: bool = False) -> dict:
                 outs[t.name], declared = _run_one(fw, t, llm, settings)
                 if declared:
                     polls[t.name] = declared
+            # The agent's facts and progress flags, reported from its tools with one
+            # guard.progress() line (the traces that carry any; the others as they ran).
+            told = {
+                t.name: _run_one(fw, t, llm, settings, True)[0] if _has_facts(t) else outs[t.name]
+                for t in traces
+            }
             wall = time.perf_counter() - started
             fig = _figures(traces, outs)
+            with_facts = _figures(traces, told)
+            with_facts["vs_pure_with_facts"] = _versus(told, pure, traces)
             # a miss: what the pure detector makes of the same trace
             fig["missed_loops"] = {
                 n: {"pure_without_facts": _said(bare[n]), "pure_with_facts": _said(pure[n])}
@@ -387,7 +407,8 @@ def run(names: list[str], settings: LoopSettings, quick: bool = False) -> dict:
                 "vs_pure_with_facts": _versus(outs, pure, traces),
                 "patterns": dict(collections.Counter(o.pattern for o in stopped)),
                 "polls": polls,
-                "errors": {n: o.error for n, o in outs.items() if o.error},
+                "with_agent_facts": with_facts,
+                "errors": {n: o.error for n, o in (*outs.items(), *told.items()) if o.error},
                 # [framework, pure without facts, pure with facts] where any stopped
                 "stop_steps": {
                     n: [outs[n].stop_step, bare[n].stop_step, pure[n].stop_step]

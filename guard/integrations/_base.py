@@ -173,10 +173,12 @@ class _Inferred:
         _current_step.reset(st._token)
         otel_context.detach(st._otel_token)
         self.step, self.tools_at_open = st, run.budget.usage().tool_calls
+        run.inferred_step = st  # where guard.progress() reports from inside the framework
         return st
 
     def close(self, run: Run) -> None:
         st, self.step = self.step, None
+        run.inferred_step = None
         if st is None or st.span is None:
             return
         # Tool calls recorded while it was open (@guard.tool records under the run) are the

@@ -21,7 +21,7 @@ from guard.sdk._api import (
 from guard.sdk._config import Settings, get_settings
 from guard.sdk._decorator import run
 from guard.sdk._run import Run
-from guard.sdk._step import Step, current_step, step
+from guard.sdk._step import Step, current_step, progress, step
 from guard.sdk._tools import ToolBatch, admit_tools, run_tools, tool
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "evidence",
     "flush",
     "get_settings",
+    "progress",
     "run",
     "run_tools",
     "shutdown",

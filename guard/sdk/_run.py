@@ -123,6 +123,8 @@ class Run(RunFlow):
         # that sets no max tokens (0: none yet)
         self.max_output_tokens_seen = 0
         self.calls = CallLedger()  # the tool calls of its conversation it has accounted for
+        # the step an integration inferred for the current model turn (guard.progress())
+        self.inferred_step: Any = None
         self.partial_result: bool | None = None  # the user may say so explicitly
         # a framework said the run can be resumed where it ended (an interrupted graph)
         self.resumable = False

@@ -55,6 +55,23 @@ def current_step() -> Step | None:
     return _current_step.get()
 
 
+def progress(made: bool | None = None, *, facts: Any = None) -> None:
+    """Report the task's progress from anywhere in a run, e.g. inside a framework's tool:
+    ``guard.progress(facts=[...])`` or ``guard.progress(False)``, as :meth:`Step.progress`.
+
+    It goes to the innermost open step of the code's own, else to the step an integration
+    inferred for the current model turn (``guard.instrument()``). Outside a run, or with no
+    step open, nothing happens. What the agent reports wins over the progress derived from
+    its tool results.
+    """
+    st = _current_step.get()
+    if st is None or st.run is None:
+        run = _current_run.get()
+        st = run.inferred_step if run is not None and run.live else None
+    if st is not None:
+        st.progress(made, facts=facts)
+
+
 class Step:
     """One step. Outside a run (or with the SDK disabled) every method is a cheap no-op.
 

@@ -99,6 +99,30 @@ def test_a_search_that_only_finds_what_it_saw_is_stopped_as_no_progress(llm) -> 
     assert "no_progress_steps=4" in o.message
 
 
+def test_facts_the_agent_reports_from_a_tool_win_over_the_derived_progress(llm) -> None:
+    """New snippets every turn, but the task state the agent reports never changes: with
+    ``guard.progress(facts=...)`` in the tool (the step is one the integration inferred), the
+    frozen facts are what the stagnation rule judges, not the new results."""
+    guard.instrument()
+    queries = itertools.count(1)
+    llm.script = lambda body, api: tool("search", {"q": f"angle {next(queries)}"})
+    agent = _pydantic_agent(llm)
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        guard.progress(facts=["bug is in payment.py"])  # what the agent knows: unchanged
+        return f"snippet for {q}"  # new every time: derived progress alone would say True
+
+    with _guarded({"runs": {"loop": {"no_progress_steps": 4}}}) as store:
+        with pytest.raises(guard.RunStopped) as stop:
+            agent.run_sync("find the bug")
+        o = stop.value.outcome
+        assert _record(store, o.run_id).reason == "no_progress"
+    # the first state is the baseline; four unchanged ones after it stop the run
+    assert (o.reason, o.decided_by) == ("no_progress", "sdk"), o.message
+    assert o.steps == o.tool_calls == 1 + 4
+
+
 def test_a_config_reread_beside_a_new_file_each_step_is_never_stopped(llm) -> None:
     guard.instrument()
     turns = [
