@@ -59,22 +59,9 @@ def batch_model(body: dict[str, Any], api: str) -> Reply:
     return text("K-9: $19, 12 in stock, arrives in 2 days.", input=90, output=12)
 
 
-def _plain_tools(ran: list[str]) -> list[Any]:
-    def make(name: str) -> Any:
-        async def impl(sku: str) -> str:
-            ran.append(name)
-            await asyncio.sleep(DELAY_S[name])
-            return ANSWERS[name]
-
-        impl.__name__ = name
-        impl.__doc__ = f"The {name[4:]} of a product."
-        return function_tool(impl)
-
-    return [make(n) for n in TOOLS]
-
-
-def _guarded_tools(ran: list[str]) -> list[Any]:
-    """``@guard.tool`` functions wrapped by ``function_tool``: the code records each call."""
+def _tools(ran: list[str], recorded_by_code: bool) -> list[Any]:
+    """Three async function tools; ``recorded_by_code``: each is a ``@guard.tool`` wrapped by
+    ``function_tool`` (the code records each call itself)."""
 
     def make(name: str) -> Any:
         async def impl(sku: str) -> str:
@@ -84,7 +71,7 @@ def _guarded_tools(ran: list[str]) -> list[Any]:
 
         impl.__name__ = name
         impl.__doc__ = f"The {name[4:]} of a product."
-        return function_tool(guard.tool(impl))
+        return function_tool(guard.tool(impl) if recorded_by_code else impl)
 
     return [make(n) for n in TOOLS]
 
@@ -96,7 +83,7 @@ def test_three_parallel_tool_calls_per_turn_are_each_counted_once(llm, server, k
     guard.instrument()
     llm.script = batch_model
     ran: list[str] = []
-    tools = _plain_tools(ran) if kind == "function_tool" else _guarded_tools(ran)
+    tools = _tools(ran, recorded_by_code=kind != "function_tool")
     client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test", max_retries=0)
     cls = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
     agent = Agent(
