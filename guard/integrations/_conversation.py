@@ -91,17 +91,14 @@ def note_tools(run: Any, api: str, kw: dict[str, Any]) -> None:
     try:
         ledger: CallLedger = run.calls
         for cid, name, args, result in list(_results(api, kw)):
-            if not isinstance(cid, str) or ledger.known(cid):
-                continue
-            asked = ledger.asked(cid)
+            asked = ledger.claim(cid) if isinstance(cid, str) else None
             if asked is None:
-                continue  # not asked for in this run: history resent from before it
+                continue  # counted already, or not asked for in this run: history
             name = name if name is not None else asked[0]
             args = args if args is not None else asked[1]
             name, args = call_name_args(
                 {"name": name if isinstance(name, str) and name else "tool", "arguments": args}
             )
-            ledger.see(cid)
             if ledger.take_unnamed(name, run.fp.action(name, args)):
                 continue  # the code that ran it recorded it, without a call id
             call = admit_tool(name, args, run)

@@ -15,7 +15,7 @@ and fed to loop detection exactly once, and the history that a chat resends on i
   is history (a chat resends its earlier turns; a resumed graph its calls from before the
   interrupt), never counted again. The response keeps the call's name and arguments, for a
   conversation continued by ``previous_response_id``, which resends only the results;
-* the read-back marks what it has counted (:meth:`CallLedger.see`).
+* the read-back claims each result it counts (:meth:`CallLedger.claim`), once.
 
 :func:`invoking` marks a framework's execution of one tool call: a ``@guard.tool`` recorded
 inside it, in the same run, is that call (it takes the framework's call id), so the framework
@@ -58,15 +58,17 @@ class CallLedger:
                 self._unnamed.append((name, action))
                 del self._unnamed[:-_MAX_UNNAMED]
 
-    def known(self, call_id: str) -> bool:
-        """Whether the call ``call_id`` was already recorded or read back."""
+    def claim(self, call_id: str) -> tuple[Any, Any] | None:
+        """The read-back found a result of ``call_id``: ``(name, arguments)`` from the
+        response that asked for it when it is this run's and not accounted for yet (it is
+        from then on), else ``None`` (recorded already, or history from before the run).
+        Atomic: two requests carrying the same result count it once."""
         with self._lock:
-            return call_id in self._ids
-
-    def see(self, call_id: str) -> None:
-        """The read-back accounted for ``call_id`` (recorded it, or found it in history)."""
-        with self._lock:
+            if call_id in self._ids or call_id not in self._asked:
+                return None
+            call = self._asked[call_id]
             self._remember(call_id)
+            return call
 
     def take_unnamed(self, name: str, action: str) -> bool:
         """Match a result read back to a recording without a call id since the last read: the
@@ -102,11 +104,6 @@ class CallLedger:
             self._asked[call_id] = (name, arguments)
             while len(self._asked) > _MAX_ASKED:
                 del self._asked[next(iter(self._asked))]
-
-    def asked(self, call_id: str) -> tuple[Any, Any] | None:
-        """``(name, arguments)`` of a call the model asked for in a response, if remembered."""
-        with self._lock:
-            return self._asked.get(call_id)
 
     def _remember(self, call_id: str) -> None:
         self._asked.pop(call_id, None)
