@@ -11,7 +11,7 @@ time (fingerprinted in-process through :func:`~guard.integrations._base.admit_to
 detection sees it and no raw argument leaves), so ``guard.instrument()`` plus ``@guard.run``
 is the whole setup. A loop found that way stops the run before the request leaves.
 
-Counted once, and only in the run that made it (the run's :class:`~guard.sdk._ledger.CallLedger`):
+Counted once, and only in the run that made it (the run's :class:`~guard.sdk._tool_ledger.ToolLedger`):
 
 * a result counts only when a model response of this run asked for its call
   (:func:`note_asked`, read from each response as it is recorded). A chat resends its earlier
@@ -34,7 +34,7 @@ from guard.errors import RunStopped
 from guard.integrations._base import admit_tool, note_error
 from guard.integrations._client import field as _get
 from guard.sdk._batch import call_name_args
-from guard.sdk._ledger import CallLedger
+from guard.sdk._tool_ledger import ToolLedger
 
 __all__ = ["note_asked", "note_response", "note_tools"]
 
@@ -89,7 +89,7 @@ def note_tools(run: Any, api: str, kw: dict[str, Any]) -> None:
     asked for. Raises ``RunStopped`` only for a real stop (a loop those calls complete, a
     tool quota); anything else is logged and counted."""
     try:
-        ledger: CallLedger = run.calls
+        ledger: ToolLedger = run.tool_ledger
         for cid, name, args, result in list(_results(api, kw)):
             asked = ledger.claim(cid) if isinstance(cid, str) else None
             if asked is None:
@@ -115,7 +115,7 @@ def note_asked(run: Any, call_id: Any, name: Any = None, arguments: Any = None) 
     """A model response of ``run`` asked for the tool call ``call_id``: its result, in a later
     request, is a call of this run."""
     if isinstance(call_id, str) and call_id:
-        run.calls.ask(call_id, name, arguments)
+        run.tool_ledger.ask(call_id, name, arguments)
 
 
 def note_response(run: Any, api: str, response: Any) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 from guard.integrations._base import active_run, note_error, step_for
 from guard.sdk._batch import call_name_args
 from guard.sdk._calls import MISSING, record_tool_call, reserve_tool
-from guard.sdk._ledger import ToolInvocation, invoking
 from guard.sdk._run import Run
+from guard.sdk._tool_ledger import ToolInvocation, invoking
 
 __all__ = ["ToolCall", "admit_tool"]
 

@@ -11,10 +11,10 @@ from guard import semconv as A
 from guard.errors import BudgetExceeded
 from guard.policy import Action, Decision, Phase, Reason
 from guard.policy import Status as RunStatus
-from guard.sdk._ledger import claim_invocation
 from guard.sdk._outcome import tag
 from guard.sdk._polls import is_poll
 from guard.sdk._reserve import budget_stop, tenant_check
+from guard.sdk._tool_ledger import claim_invocation
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
@@ -170,7 +170,7 @@ def record_tool_call(
     inv = claim_invocation(run)  # a @guard.tool inside a framework's tool: that call
     if inv is not None and not call_id:
         call_id = inv.call_id
-    run.calls.recorded(call_id, name, action)
+    run.tool_ledger.recorded(call_id, name, action)
     result_hash = None if result is MISSING else fp.result(result)
     if error is not None and result_hash is None:
         # A failure is an observation too: the same error again is "no new information".

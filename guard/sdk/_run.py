@@ -39,10 +39,10 @@ from guard.policy import (
     Status,
 )
 from guard.sdk._implicit import Means
-from guard.sdk._ledger import CallLedger
 from guard.sdk._outcome import build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
 from guard.sdk._run_flow import RunFlow
+from guard.sdk._tool_ledger import ToolLedger
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
@@ -122,7 +122,7 @@ class Run(RunFlow):
         # the largest reply of its model calls: the output an integration holds for a request
         # that sets no max tokens (0: none yet)
         self.max_output_tokens_seen = 0
-        self.calls = CallLedger()  # the tool calls of its conversation it has accounted for
+        self.tool_ledger = ToolLedger()  # the tool calls of its conversation it has accounted for
         # the step an integration inferred for the current model turn (guard.progress())
         self.inferred_step: Any = None
         self.partial_result: bool | None = None  # the user may say so explicitly

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from guard.sdk._ledger import CallLedger, claim_invocation, invoking
+from guard.sdk._tool_ledger import ToolLedger, claim_invocation, invoking
 
 
 def test_only_calls_a_response_of_the_run_asked_for_are_claimed_and_each_once() -> None:
-    led = CallLedger()
+    led = ToolLedger()
     assert led.claim("call_from_an_earlier_turn") is None  # history: never asked in this run
     led.ask("c1", "lookup", '{"q": "a"}')
     assert led.claim("c1") == ("lookup", '{"q": "a"}')
@@ -21,7 +21,7 @@ def test_only_calls_a_response_of_the_run_asked_for_are_claimed_and_each_once() 
     assert led.claim("c3") is None
 
 
-def _claim_from_threads(led: CallLedger, call_id: str, n: int) -> list[object]:
+def _claim_from_threads(led: ToolLedger, call_id: str, n: int) -> list[object]:
     got: list[object] = []
     barrier = threading.Barrier(n)
 
@@ -39,14 +39,14 @@ def _claim_from_threads(led: CallLedger, call_id: str, n: int) -> list[object]:
 
 def test_two_requests_carrying_the_same_result_claim_it_once() -> None:
     for _ in range(50):
-        led = CallLedger()
+        led = ToolLedger()
         led.ask("c", "t", None)
         got = _claim_from_threads(led, "c", 4)
         assert sorted(map(repr, got)) == sorted(["('t', None)", "None", "None", "None"])
 
 
 def test_a_recording_without_a_call_id_matches_its_action_then_its_tool_then_the_oldest() -> None:
-    led = CallLedger()
+    led = ToolLedger()
     led.recorded(None, "search", "fp-search-a")
     led.recorded(None, "fetch", "fp-fetch-b")
     led.recorded(None, "other", "fp-other")

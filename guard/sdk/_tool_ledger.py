@@ -5,17 +5,17 @@ and the request after it carries the result. Several parts of the SDK may see th
 a framework integration running the tool, a ``@guard.tool`` inside that tool, and the client
 integration reading the conversation back from the next request. Each call must be counted
 and fed to loop detection exactly once, and the history that a chat resends on its next turn
-(a new run) not at all. :class:`CallLedger` (``run.calls``) is where they agree:
+(a new run) not at all. :class:`ToolLedger` (``run.tool_ledger``) is where they agree:
 
-* every recorded tool call notes its call id (:meth:`CallLedger.recorded`); a call recorded
+* every recorded tool call notes its call id (:meth:`ToolLedger.recorded`); a call recorded
   without one (``@guard.tool`` in a hand-written loop) notes its action fingerprint, which the
   read-back matches to the call id it finds in the next request;
-* each model response of the run notes the calls it asks for (:meth:`CallLedger.ask`): only
+* each model response of the run notes the calls it asks for (:meth:`ToolLedger.ask`): only
   those are the run's own. A result in a request whose call no response of this run asked for
   is history (a chat resends its earlier turns; a resumed graph its calls from before the
   interrupt), never counted again. The response keeps the call's name and arguments, for a
   conversation continued by ``previous_response_id``, which resends only the results;
-* the read-back claims each result it counts (:meth:`CallLedger.claim`), once.
+* the read-back claims each result it counts (:meth:`ToolLedger.claim`), once.
 
 :func:`invoking` marks a framework's execution of one tool call: a ``@guard.tool`` recorded
 inside it, in the same run, is that call (it takes the framework's call id), so the framework
@@ -31,14 +31,14 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["CallLedger", "ToolInvocation", "claim_invocation", "invoking"]
+__all__ = ["ToolInvocation", "ToolLedger", "claim_invocation", "invoking"]
 
 _MAX_IDS = 4096  # call ids remembered per run: a long run forgets its oldest
 _MAX_ASKED = 256  # calls asked for in responses and not yet answered
 _MAX_UNNAMED = 256  # recordings without a call id awaiting their read-back
 
 
-class CallLedger:
+class ToolLedger:
     """The tool calls one run has accounted for (thread-safe; bounded)."""
 
     __slots__ = ("_asked", "_ids", "_lock", "_unnamed")
