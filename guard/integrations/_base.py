@@ -49,6 +49,7 @@ from guard.integrations._framework_runs import swallowed as _swallowed
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
 from guard.sdk._foreign import note_integrated
+from guard.sdk._foreign_calls import record_integrated
 from guard.sdk._reserve import current_reservation, make_reservation
 from guard.sdk._run import Run, current_run_or_none
 from guard.sdk._scope import RunScope
@@ -283,14 +284,15 @@ class ModelCall:
         if res is not None:  # model_call settles the reservation of this context
             token = current_reservation.set(res)
         try:
-            self.step.model_call(
+            record_integrated(  # the code's own step.model_call of it is then the same call
+                self.step,
+                response_id,
+                usage.input_tokens,
+                usage.output_tokens,
                 model=self.model,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
                 cached_tokens=usage.cached_tokens,
                 reasoning_tokens=usage.reasoning_tokens,
                 operation=self.operation,
-                response_id=response_id,
                 error=error,
                 started_at=self.started_at,
             )

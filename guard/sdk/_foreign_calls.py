@@ -7,12 +7,21 @@ calls integrations recorded). Bounded: a run keeps the last :data:`_SEEN_MAX` sp
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._run import Run
 
-__all__ = ["CallLedger", "RunCalls", "calls_of", "native_tools", "note_integrated"]
+__all__ = [
+    "CallLedger",
+    "RunCalls",
+    "calls_of",
+    "claim_integrated",
+    "native_tools",
+    "note_integrated",
+    "record_integrated",
+]
 
 _SEEN_MAX = 256  # counted span ids kept per run (parents end within a few calls)
 
@@ -107,3 +116,38 @@ def native_tools(run: Run) -> int:
     """Tool calls the run recorded itself (``@guard.tool``, ``step.tool_call``)."""
     calls = run.foreign_calls
     return run.budget.usage().tool_calls - (calls.tools if calls is not None else 0)
+
+
+# Set while an integration records its own call through step.model_call: that record is the
+# call itself, never a repeat of one the integration recorded before in the same step.
+_integrating: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "otel_guard_integrating", default=False
+)
+_STEP_INTEGRATED_MAX = 16  # integration calls kept per step for the code's own report of them
+
+
+def record_integrated(step: Any, response_id: str | None, inp: int, out: int, **kw: Any) -> Any:
+    """An integration records its call on ``step`` (``step.model_call(...)``, whose cost it
+    returns). The code's own ``step.model_call`` of the same call afterwards (the quickstart's
+    explicit record, next to ``guard.instrument()``) is then claimed, not counted again: by
+    response id when both have one, else by the same input and output tokens in that step."""
+    token = _integrating.set(True)
+    cost = None
+    try:
+        cost = step.model_call(response_id=response_id, input_tokens=inp, output_tokens=out, **kw)
+        return cost
+    finally:
+        _integrating.reset(token)
+        kept = step.integrated
+        if kept is None:
+            kept = step.integrated = []
+        kept.append((response_id, inp, out, cost))  # CallLedger's entry shape
+        del kept[:-_STEP_INTEGRATED_MAX]
+
+
+def claim_integrated(step: Any, response_id: str | None, inp: int, out: int) -> Any:
+    """The integration's record that the code's own ``step.model_call`` reports again (used
+    up), or ``None``; never while the integration itself records."""
+    if _integrating.get():
+        return None
+    return CallLedger._take(step.integrated, response_id, inp, out)

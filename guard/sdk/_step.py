@@ -13,6 +13,7 @@ from guard import semconv as A
 from guard.policy import Phase
 from guard.sdk._calls import _ERROR, MISSING, _provider_cache, emit_call_span, record_tool_call
 from guard.sdk._calls import provider_for as _provider_for
+from guard.sdk._foreign_calls import claim_integrated
 from guard.sdk._implicit import end_step, hold_step, hold_step_async, note_call
 from guard.sdk._outcome import tag
 from guard.sdk._reserve import current_reservation, make_reservation
@@ -92,6 +93,7 @@ class Step:
         "action",
         "calls",
         "index",
+        "integrated",
         "run",
         "span",
         "tool_calls",
@@ -105,6 +107,8 @@ class Step:
         self.tool_calls = 0
         # guard.sdk._foreign.CallLedger, made when a third-party span starts in this step
         self.calls: Any = None
+        # the calls an integration recorded in it, (response id, input, output, cost)
+        self.integrated: list[Any] | None = None
         self._progress: bool | None = None
         self._state: str | None = None
         self._ctx: Any = None
@@ -246,6 +250,11 @@ class Step:
             and output_tokens > run.max_output_tokens_seen
         ):
             run.max_output_tokens_seen = output_tokens
+        if self.integrated:  # the code reports a call an integration recorded: the same call
+            done = claim_integrated(self, response_id, input_tokens, output_tokens)
+            if done is not None:
+                run.check_interrupt()
+                return done[3] if cost_usd is None else cost_usd
         calls = self.calls
         if calls is not None:  # an instrumentation's span of this step may report it too
             claimed = calls.claim(response_id, input_tokens, output_tokens)

@@ -259,3 +259,42 @@ def test_wrappers_openllmetry_leaves_behind_are_found_and_removed() -> None:
     assert "openai.resources.chat.completions.completions.Completions.create" in left, left
     assert unwrap_leftovers() == len(left)
     assert leftovers() == []
+
+
+def test_the_codes_own_step_model_call_next_to_instrument_is_the_same_call(reporters, llm) -> None:
+    """The quickstart's explicit ``step.model_call`` (no response id) for each call, in code
+    that also turned on ``guard.instrument()`` and two reporters: each call counted once, in
+    the outcome and the guard's record. Two calls with the same counts in one step, neither
+    reported by the code, are still two calls."""
+    rep = reporters
+    llm.script = [
+        text("one", input=600, output=85),
+        text("two", input=700, output=70),
+        text("three", input=300, output=20),
+        text("four", input=300, output=20),
+    ]
+    client = _client(llm, "sync")
+
+    def ask() -> Any:
+        msg = [{"role": "user", "content": "hi"}]
+        return client.chat.completions.create(model="gpt-4.1", messages=msg)
+
+    @guard.run(agent="quickstart-plus-instrument")
+    def agent() -> Any:
+        for _ in range(2):
+            with guard.step() as step:
+                r = ask()
+                step.model_call(  # the quickstart's own record of the same call
+                    model="gpt-4.1",
+                    input_tokens=r.usage.prompt_tokens,
+                    output_tokens=r.usage.completion_tokens,
+                )
+        with guard.step():
+            ask(), ask()  # the same counts twice, recorded by the integration alone
+        return guard.current_run()
+
+    run = agent()
+    o = rep.record(run.run_id)
+    served = (4, 600 + 700 + 300 + 300, 85 + 70 + 20 + 20)
+    assert (run.usage().model_calls, run.usage().input_tokens, run.usage().output_tokens) == served
+    assert (o.model_calls, o.input_tokens, o.output_tokens) == served
