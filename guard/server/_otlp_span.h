@@ -73,7 +73,7 @@ static int attribute(const unsigned char *p, Py_ssize_t n, obs *o, int depth) {
     int values = 0;
     while (r.p < r.end) {
         uint64_t tag, v;
-        if (varint(&r, &tag) < 0)
+        if (wire_tag(&r, &tag) < 0)
             return -1;
         if (tag == 0x0A) { /* 1: key (the last one counts) */
             if (delimited(&r, &key, &key_len) < 0 || !utf8_ok(key, key_len, NULL))
@@ -96,7 +96,7 @@ static int attribute(const unsigned char *p, Py_ssize_t n, obs *o, int depth) {
     /* the AnyValue: exactly one field, of the expected kind */
     rd a = {val, val + val_len};
     uint64_t tag, u;
-    if (a.p >= a.end || varint(&a, &tag) < 0)
+    if (a.p >= a.end || wire_tag(&a, &tag) < 0)
         return -1; /* empty: the reference says "expected ..., got None" */
     PyObject *out = NULL;
     const unsigned char *s;
@@ -271,7 +271,7 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
         uint64_t tag, v;
         const unsigned char *s;
         Py_ssize_t len;
-        if (varint(&r, &tag) < 0)
+        if (wire_tag(&r, &tag) < 0)
             goto fallback;
         switch (tag) {
         case 0x0A: /* 1 trace_id */
@@ -334,7 +334,7 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
                 uint64_t t2;
                 const unsigned char *m;
                 Py_ssize_t ml;
-                if (varint(&st, &t2) < 0)
+                if (wire_tag(&st, &t2) < 0)
                     goto fallback;
                 if (t2 == 0x12) {
                     if (delimited(&st, &m, &ml) < 0 || !utf8_ok(m, ml, NULL))

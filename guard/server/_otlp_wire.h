@@ -12,15 +12,24 @@ typedef struct {
     const unsigned char *end;
 } rd;
 
-/* 0 on success; -1 when malformed or not canonical enough for this path */
+/* Over-long (padded) varints, by protobuf's rule, which the reference (upb, behind the
+ * generated classes) applies and this path must never be laxer than:
+ * - a field value is a 64-bit number: at most 10 bytes, the 10th byte's bits beyond bit 63
+ *   dropped (upb keeps the low 64 bits); an 11th byte is malformed;
+ * - a tag or a length is a 32-bit number: at most 5 bytes, even when the extra bytes only pad
+ *   a zero; a tag beyond 32 bits is malformed, and so is a length of INT32_MAX or more
+ *   (upb's bound on a size).
+ * Reading a tag or a length with the 10-byte rule would accept requests the reference
+ * refuses, so each has its own reader. */
+
+/* A varint field value. 0 on success; -1 when malformed. */
 static inline int varint(rd *r, uint64_t *out) {
     uint64_t v = 0;
-    for (int shift = 0; shift < 70; shift += 7) {
+    for (int shift = 0; shift < 64; shift += 7) {
         if (r->p >= r->end)
             return -1;
         unsigned char b = *r->p++;
-        if (shift == 63 && b > 1)
-            return -1;
+        /* at shift 63 only the byte's lowest bit fits: the shift drops the rest, as upb does */
         v |= (uint64_t)(b & 0x7F) << shift;
         if (b < 0x80) {
             *out = v;
@@ -30,10 +39,33 @@ static inline int varint(rd *r, uint64_t *out) {
     return -1;
 }
 
+/* A 32-bit varint (a tag or a length): at most 5 bytes, at most UINT32_MAX. */
+static inline int varint32(rd *r, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 35; shift += 7) {
+        if (r->p >= r->end)
+            return -1;
+        unsigned char b = *r->p++;
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            if (v > UINT32_MAX)
+                return -1;
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A field's tag: 32 bits, as upb reads it (see above). */
+static inline int wire_tag(rd *r, uint64_t *tag) {
+    return varint32(r, tag);
+}
+
 /* A length-delimited field: [*start, *start + *len) inside the reader. */
 static inline int delimited(rd *r, const unsigned char **start, Py_ssize_t *len) {
     uint64_t n;
-    if (varint(r, &n) < 0 || n > (uint64_t)(r->end - r->p))
+    if (varint32(r, &n) < 0 || n >= (uint64_t)INT32_MAX || n > (uint64_t)(r->end - r->p))
         return -1;
     *start = r->p;
     *len = (Py_ssize_t)n;
@@ -172,7 +204,7 @@ static int validate(const unsigned char *p, Py_ssize_t n, int msg, int depth) {
     int values = 0;
     while (r.p < r.end) {
         uint64_t tag;
-        if (varint(&r, &tag) < 0)
+        if (wire_tag(&r, &tag) < 0)
             return -1;
         /* a oneof set twice (AnyValue) or a KeyValue's value twice: the parse merges them;
          * leave those to the reference */

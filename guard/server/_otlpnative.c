@@ -3,16 +3,17 @@
  * One pass over the wire bytes, no protobuf objects: the request is validated as the
  * generated classes would validate it (structure, strict UTF-8 of every string field) and the
  * span attributes the guard reads are turned into Observation lists, exactly as the reference
- * decoder (guard/server/_decode.py: decode_spans over the generated classes) turns them.
+ * decoder (guard/server/_pydecode.py: decode_spans over the generated classes) turns them.
  *
  * Exactness by refusal: this path only answers for the canonical, well-formed case. Anything
  * else (an unknown field, a field with an unexpected wire type, a oneof or a value given
  * twice, a counter out of range, a value of another type than expected for a known key, a span
  * the reference would reject, nesting deeper than MAX_DEPTH, invalid UTF-8, a truncated
- * message) makes decode() return None, and the caller decodes the whole request with the
- * reference, which then says what is wrong with the reference's own words. So a request is
- * never accepted here that the reference refuses, and what is accepted decodes to the same
- * observations (tests/server/test_native_decode.py holds the two equal with hypothesis).
+ * message, a varint padded wider than protobuf's parser reads: see _otlp_wire.h) makes
+ * decode() return None, and the caller decodes the whole request with the reference, which
+ * then says what is wrong with the reference's own words. So a request is never accepted
+ * here that the reference refuses, and what is accepted decodes to the same observations
+ * (tests/server/test_native_decode.py and test_native_decode_varints.py hold the two equal).
  *
  * Resumable: decode(data, state, max_spans) decodes at most max_spans spans and returns the
  * state to continue from, so the caller can yield to its event loop between slices of a
@@ -151,7 +152,7 @@ static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 level = L_RESOURCE;
                 continue;
             }
-            if (varint(&in, &tag) < 0)
+            if (wire_tag(&in, &tag) < 0)
                 goto fallback;
             if (tag == 0x12) { /* 2 spans */
                 if (delimited(&in, &s, &len) < 0)
@@ -176,7 +177,7 @@ static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 level = L_REQUEST;
                 continue;
             }
-            if (varint(&in, &tag) < 0)
+            if (wire_tag(&in, &tag) < 0)
                 goto fallback;
             if (tag == 0x12) { /* 2 scope_spans: descend */
                 if (delimited(&in, &s, &len) < 0)
@@ -197,7 +198,7 @@ static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
         } else {
             if (r.p >= r.end)
                 break;
-            if (varint(&r, &tag) < 0 || tag != 0x0A) /* 1 resource_spans: descend */
+            if (wire_tag(&r, &tag) < 0 || tag != 0x0A) /* 1 resource_spans: descend */
                 goto fallback;
             if (delimited(&r, &s, &len) < 0)
                 goto fallback;

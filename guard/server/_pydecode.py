@@ -67,7 +67,12 @@ _TOOL_HEAD = sc.EXECUTE_TOOL + " "  # "execute_tool {tool}": the tool's name fol
 
 
 def parse_request(data: bytes) -> Any:
-    """Parse a serialized ``ExportTraceServiceRequest``; ``InvalidInput`` if malformed."""
+    """Parse a serialized ``ExportTraceServiceRequest``; ``InvalidInput`` if malformed.
+
+    What is malformed is protobuf's parser's to say, and the native decoder is held to it,
+    down to padded varints: a tag or a length of more than 5 bytes, a tag beyond 32 bits or a
+    field value of more than 10 bytes is refused, a 10-byte value keeps its low 64 bits
+    (tests/server/test_native_decode_varints.py checks both against this parse)."""
     try:
         return _parse(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
