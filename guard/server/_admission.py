@@ -130,7 +130,7 @@ class Admission(RunPart):
         reg.trace = _trace_bytes(rs.trace_id)
         reg.requested = limits_from_pb(rs.requested) if rs.HasField("requested") else None
         reg.restored = usage_from_pb(rs.usage) if restoring and rs.HasField("usage") else None
-        if self.table.full() and not self.make_room():
+        if self.table.full() and not self.make_room(tenant):
             self.stats["capacity_rejections"] += 1
             self.decisions.deny(
                 session,
@@ -317,9 +317,11 @@ class Admission(RunPart):
         if run.stop_reason is not None:  # a cancel it may have missed while away
             session.cancel(run.run_id, run.stop_reason.value, run.stop_detail)
 
-    def make_room(self) -> bool:
-        """At the cap: forget the stalest span-only run (it has no agent to answer to)."""
-        stalest = self.table.stalest_span_only()
+    def make_room(self, tenant: str) -> bool:
+        """At the cap: forget ``tenant``'s stalest span-only run (it has no agent to answer
+        to); False when that tenant has none. Never another tenant's run: a flood of new run
+        ids only ever displaces the flooding tenant's own runs."""
+        stalest = self.table.stalest_span_only(tenant)
         if stalest is None:
             return False
         self._forget(stalest)

@@ -182,8 +182,8 @@ class SpanApplier(SpanEdges):
             if run is not cur:
                 if scope is not None and run.tenant != scope:
                     # Another tenant's run (by guard.run.id, or owning the trace of a foreign
-                    # span): never charged, and answered like a run nobody has (see _foreign)
-                    if run_id and self._foreign_refused():
+                    # span): never charged, and answered like a run nobody has (_foreign_refused)
+                    if run_id and self._foreign_refused(o, principal):
                         rejected += 1
                         if len(errors) < 5:
                             errors.append(f"run {run_id[:64]!r}: not admitted (capacity/tenant)")
@@ -317,6 +317,9 @@ class SpanApplier(SpanEdges):
         if touched:
             reg.budgets.observe(touched)  # spend moves from the runs' grants to windows
             now = reg.clock()
+            # all of them get touched_at = now below (also in the native loop): their span-only
+            # ones move to the recent end of their tenants' LRUs (what make_room forgets first)
+            reg.touch(touched)
             native = applier() if self.native else None
             if native is not None:  # the same, skipping the runs for which _decide does nothing
                 native.conclude(touched, now, self._decide)

@@ -177,12 +177,12 @@ class Lifecycle(RunPart):
             if now - r.detached_at >= self.grace_s and r.run_id not in asking
         ]
         # provisional: spans of a run whose agent never came back to register it
-        unclaimed = [
-            r
-            for r in self.span_only.values()
-            if r.provisional and now - r.touched_at >= self.grace_s and r.run_id not in asking
-        ]
-        idle = [r for r in self.span_only.values() if now - r.touched_at > SPAN_ONLY_IDLE_S]
+        # Both walk the tenants' LRUs from their stalest (RunTable.stale_span_only): a guard
+        # holding its cap of span-only runs does not scan them all four times a second.
+        stale = self.table.stale_span_only(now, min(self.grace_s, SPAN_ONLY_IDLE_S))
+        unclaimed = [r for r in stale if r.provisional and r.run_id not in asking]
+        unclaimed = [r for r in unclaimed if now - r.touched_at >= self.grace_s]
+        idle = [r for r in stale if now - r.touched_at > SPAN_ONLY_IDLE_S]
         more = limit is not None and any(len(x) > limit for x in (lost, unclaimed, idle))
         # its agent may have re-registered on another replica that this one has not heard
         # of yet: the directory says, and hands it over, before any agent_lost is written

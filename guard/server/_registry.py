@@ -131,6 +131,7 @@ class Registry:
         self.register, self.hello, self.detach = adm.register, adm.hello, adm.detach
         self.ack, self.heartbeat = adm.ack, adm.heartbeat
         self.new_run, self.make_room = adm.new_run, adm.make_room  # the span path's runs
+        self.has_room, self.touch = t.has_room, t.touch  # the span path's capacity, LRU
         # decisions (the span path, the admin servicer, the shared tenant budgets)
         self.act, self.forecast, self.tenant_cut = dec.act, dec.forecast, dec.tenant_cut
         self.check_deadline, self.issue, self.stop_run = dec.check_deadline, dec.issue, dec.stop_run

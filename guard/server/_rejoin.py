@@ -111,6 +111,7 @@ class Rejoin(RunPart):
         gate = run.seq_gate
         if type(gate) is list:
             run.touched_at = self.clock()
+            self.table.touch((run,))  # heard from: the most recent of its tenant's LRU
             if not run.tenant and o[TENANT]:
                 self.set_tenant(run, o[TENANT])
             if not gate:  # its first span: is its stream held by another replica?

@@ -11,6 +11,8 @@ from guard.server._schema import (
     AGENT,
     FOREIGN,
     IN,
+    KIND,
+    KIND_RUN,
     OUT,
     PARENT_RUN,
     PARENT_SPAN_ID,
@@ -38,24 +40,34 @@ class SpanEdges:
 
     registry: SpanHost
 
-    def _foreign_refused(self) -> bool:
+    def _foreign_refused(self, o: Observation, principal: Principal) -> bool:
         """For a span naming another tenant's run: would a run nobody has be refused here?
 
         Such a span is dropped either way (one id cannot name two runs, so no implicit run is
-        made); this only makes the answer the same as for an unknown id, which is refused
-        when the guard is at capacity with no span-only run to forget.
+        made); this only makes the answer the same as for an unknown id (``_implicit``), so
+        that the answer says nothing of other tenants' run ids: a run span is not refused
+        (an unknown one is skipped), a span claiming a tenant other than the caller's is,
+        and so is any other when the caller's tenant has no room (the cap is reached and
+        none of its own span-only runs could make room).
         """
-        reg = self.registry
-        return len(reg.runs) >= reg.max_runs and not reg.span_only
-
-    def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
-        """A span of a run that never said RunStarted: track it from its spans alone."""
-        reg = self.registry
-        if len(reg.runs) >= reg.max_runs and not reg.make_room():
-            reg.stats["capacity_rejections"] += 1
-            return None
+        if o[KIND] == KIND_RUN:
+            return False
         tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
+            return True
+        return not self.registry.has_room(tenant)
+
+    def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
+        """A span of a run that never said RunStarted: track it from its spans alone.
+
+        The tenant is checked first: at the cap, room is made only among that tenant's own
+        span-only runs (``make_room``), never another tenant's."""
+        reg = self.registry
+        tenant = o[TENANT] or (principal.tenant or "")
+        if principal.tenant is not None and tenant != principal.tenant:
+            return None
+        if len(reg.runs) >= reg.max_runs and not reg.make_room(tenant):
+            reg.stats["capacity_rejections"] += 1
             return None
         trace = o[TRACE_ID]
         run = reg.new_run(

@@ -5,7 +5,7 @@ in the runs' budgets by :func:`flush`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,7 +56,6 @@ class SpanHost(Protocol):
 
     runs: Mapping[str, RunState]
     by_trace: Mapping[bytes, RunState]
-    span_only: Mapping[str, RunState]
     ended: Mapping[str, None]
     max_runs: int
     config: PolicyConfig
@@ -69,7 +68,10 @@ class SpanHost(Protocol):
     tenant_cut: Callable[[str, Decision], None]
     # Admission (implicit runs), Rejoin (numbered spans), Lifecycle (the run span's end)
     new_run: Callable[..., RunState]
-    make_room: Callable[[], bool]
+    make_room: Callable[[str], bool]
+    # RunTable: room for a tenant's new run; the span-only runs just heard from, in its LRU
+    has_room: Callable[[str], bool]
+    touch: Callable[[Iterable[RunState]], None]
     gate: Callable[[RunState, Observation], bool]
     set_tenant: Callable[[RunState, str], None]
     end_run: Callable[..., Any]

@@ -3,14 +3,21 @@
 One :class:`RunTable` per registry. It owns the maps (by run id, by trace, by tenant; the
 detached and span-only runs), the capacity (``max_tracked_runs``), the bounded memory of
 ended run ids, and the count of spans that provisional runs hold; every change to them goes
-through its methods, so the indexes always agree. Readers may look at the maps (read-only
-``Mapping`` views by convention: the span path reads ``runs`` and ``by_trace`` once per
-span). Nothing here decides, delivers or writes a record.
+through its methods, so the indexes always agree.
+
+Capacity is made per tenant: at the cap a new run may only take the place of its *own*
+tenant's stalest span-only run, so one tenant's flood of made-up run ids cannot evict another
+tenant's runs. Each tenant's span-only runs are kept in an LRU (least recently heard from
+first, :meth:`RunTable.touch`), so that run is found in O(1), not by a scan of all of them.
+
+Readers may look at the maps (read-only ``Mapping`` views by convention: the span path reads
+``runs`` and ``by_trace`` once per span). Nothing here decides, delivers or writes a record.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from guard.server._ordered import OrderedSet
@@ -40,6 +47,9 @@ class RunTable:
         self.by_tenant: dict[str, OrderedSet[str]] = {}  # each in admission order
         self.detached: dict[str, RunState] = {}  # agent stream dropped, within the grace
         self.span_only: dict[str, RunState] = {}  # no control stream (or not yet)
+        # the same runs by tenant, least recently heard from first (see touch): a plain
+        # OrderedDict per tenant, as the native applier never reads these
+        self.idle: dict[str, OrderedDict[str, RunState]] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()
         self.provisional_spans = 0  # spans held by all provisional runs
 
@@ -48,12 +58,53 @@ class RunTable:
         """At ``max_tracked_runs``: a new run needs room first (:meth:`stalest_span_only`)."""
         return len(self.runs) >= self.max_runs
 
-    def stalest_span_only(self) -> RunState | None:
-        """The span-only run silent the longest: the one to forget at the cap (it has no
-        agent to answer to). ``None`` when there is none."""
-        if not self.span_only:
+    def has_room(self, tenant: str) -> bool:
+        """Whether a new run of ``tenant`` could be tracked now: below the cap, or one of
+        that tenant's own span-only runs could make room (never another tenant's)."""
+        return len(self.runs) < self.max_runs or tenant in self.idle
+
+    def stalest_span_only(self, tenant: str) -> RunState | None:
+        """``tenant``'s span-only run heard from the longest ago: the one to forget at the cap
+        for a new run of that tenant (it has no agent to answer to). ``None`` when it has
+        none. O(1): the head of the tenant's LRU."""
+        lru = self.idle.get(tenant)
+        if not lru:
             return None
-        return min(self.span_only.values(), key=lambda r: r.touched_at)
+        return next(iter(lru.values()))
+
+    def touch(self, runs: Iterable[RunState]) -> None:
+        """``runs`` were just heard from (their ``touched_at`` set to now): each span-only one
+        becomes its tenant's most recent. O(1) per run; other runs are skipped."""
+        span_only, idle = self.span_only, self.idle
+        for run in runs:
+            rid = run.run_id
+            if span_only.get(rid) is run:
+                lru = idle.get(run.tenant)
+                if lru is not None and rid in lru:
+                    lru.move_to_end(rid)
+
+    def stale_span_only(self, now: float, age_s: float) -> list[RunState]:
+        """The span-only runs not heard from for ``age_s`` or more, walked from the head of
+        each tenant's LRU and stopping at its first fresh run: the work is the tenants plus
+        the stale runs, not every tracked run (``touched_at`` only grows in LRU order)."""
+        out: list[RunState] = []
+        for lru in self.idle.values():
+            for run in lru.values():
+                if now - run.touched_at < age_s:
+                    break
+                out.append(run)
+        return out
+
+    def _idle_add(self, run: RunState) -> None:
+        lru = self.idle.get(run.tenant)
+        if lru is None:
+            lru = self.idle[run.tenant] = OrderedDict()
+        lru[run.run_id] = run
+
+    def _idle_drop(self, run: RunState) -> None:
+        lru = self.idle.get(run.tenant)
+        if lru is not None and lru.pop(run.run_id, None) is not None and not lru:
+            del self.idle[run.tenant]
 
     def live(self, run_id: str, principal: Principal | None = None) -> RunState:
         """The live run ``run_id``; another tenant's run (for ``principal``) is answered
@@ -78,6 +129,7 @@ class RunTable:
             self.by_trace[trace] = run
         if span_only:
             self.span_only[rid] = run
+            self._idle_add(run)
 
     def forget(self, run: RunState) -> None:
         """Drop a run from every index, and the spans it held if it was provisional."""
@@ -87,7 +139,8 @@ class RunTable:
             run.seq_gate = None
         self.runs.pop(rid, None)
         self.detached.pop(rid, None)
-        self.span_only.pop(rid, None)
+        if self.span_only.pop(rid, None) is not None:
+            self._idle_drop(run)
         self._untenant(run)
         if run.trace_id and self.by_trace.get(run.trace_id) is run:
             del self.by_trace[run.trace_id]
@@ -95,8 +148,13 @@ class RunTable:
     def set_tenant(self, run: RunState, tenant: str) -> None:
         """A provisional run learns its tenant from a later span."""
         self._untenant(run)
+        span_only = self.span_only.get(run.run_id) is run
+        if span_only:
+            self._idle_drop(run)  # indexed by the tenant it had
         run.tenant = tenant
         self.by_tenant.setdefault(tenant, OrderedSet()).add(run.run_id)
+        if span_only:
+            self._idle_add(run)
 
     def _untenant(self, run: RunState) -> None:
         ids = self.by_tenant.get(run.tenant)
@@ -108,13 +166,16 @@ class RunTable:
     def attached(self, run: RunState) -> None:
         """Its agent's stream holds it now: neither detached nor span-only."""
         self.detached.pop(run.run_id, None)
-        self.span_only.pop(run.run_id, None)
+        if self.span_only.pop(run.run_id, None) is not None:
+            self._idle_drop(run)
 
     def remote(self, run: RunState) -> None:
         """Another replica holds its stream now: tracked like a span-only run here (no
         grace, no agent_lost; forgotten when it ends there or idles)."""
         self.detached.pop(run.run_id, None)
-        self.span_only[run.run_id] = run
+        if self.span_only.get(run.run_id) is not run:
+            self.span_only[run.run_id] = run
+            self._idle_add(run)  # the most recent of its tenant's: it was live until now
 
     def detach(self, run: RunState, now: float) -> None:
         """Its agent's stream dropped at ``now`` (monotonic): the grace period starts."""

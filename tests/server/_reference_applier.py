@@ -122,7 +122,7 @@ class ReferenceApplier(SpanApplier):
             if run is None:
                 return None
         if principal.tenant is not None and run.tenant != principal.tenant:
-            if run_id and self._foreign_refused():
+            if run_id and self._foreign_refused(o, principal):
                 refuse(f"run {run_id[:64]!r}: not admitted (capacity/tenant)")
             return None
         return run

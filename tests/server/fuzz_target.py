@@ -146,6 +146,10 @@ def violations(registry: Registry) -> list[str]:
     out = []
     if len(registry.runs) > registry.max_runs:
         out.append(f"{len(registry.runs)} tracked runs > max_tracked_runs {registry.max_runs}")
+    # the per-tenant LRUs that make room at the cap hold exactly the span-only runs
+    idle = {(t, rid): r for t, lru in registry.table.idle.items() for rid, r in lru.items()}
+    if idle != {(r.tenant, rid): r for rid, r in registry.span_only.items()}:
+        out.append("the span-only runs by tenant disagree with span_only")
     for run in registry.runs.values():
         u = run.budget.usage()
         counts = (u.steps, u.model_calls, u.tool_calls, u.input_tokens, u.output_tokens)

@@ -1,0 +1,245 @@
+"""At ``max_tracked_runs``: capacity is per tenant, and the answer to a span says nothing of
+other tenants' run ids.
+
+A new run (implicit, from its spans, or registered) may only take the place of its own
+tenant's stalest span-only run; finding that run costs the same however many runs the guard
+tracks (counted in calls, not timed); and a span naming another tenant's live run gets
+exactly the OTLP answer, byte for byte, over gRPC and HTTP, that a span naming an id nobody
+has gets.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import aiohttp
+
+from guard.server import GuardServer, MemorySink, decode_request
+from guard.server._auth import Principal
+from guard.server._fanout import AgentSession
+from guard.server._registry import Registry
+from guard.v1 import guard_pb2 as pb
+
+from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, request, span, trace_id_of
+
+ACME = Principal(tenant="acme", admin=False)
+GLOBEX = Principal(tenant="globex", admin=False)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _registry(max_runs: int) -> tuple[Registry, Clock]:
+    clock = Clock()
+    reg = Registry(
+        config(guard={"max_tracked_runs": max_runs}), MemorySink(), guard_id="t", clock=clock
+    )
+    return reg, clock
+
+
+def _send(reg: Registry, principal: Principal, *spans: Any) -> tuple[int, list[str]]:
+    return reg.ingest(decode_request(request(*spans)), principal)
+
+
+def _flood(reg: Registry, principal: Principal, prefix: str, n: int, batch: int = 512) -> None:
+    """``n`` new implicit runs of ``principal``'s tenant, ``batch`` spans a request."""
+    for lo in range(0, n, batch):
+        spans = [
+            model_span(f"{prefix}-{i}", trace_id_of(10_000 + i), tokens_in=1, tokens_out=0)
+            for i in range(lo, min(lo + batch, n))
+        ]
+        _send(reg, principal, *spans)
+
+
+def _calls(u: Any) -> tuple[int, int]:
+    return u.model_calls, u.input_tokens + u.output_tokens
+
+
+# -- no cross-tenant eviction ------------------------------------------------------------------
+def test_a_flood_of_new_run_ids_never_evicts_another_tenants_run() -> None:
+    reg, clock = _registry(50)
+    tid = trace_id_of(1)
+    for _ in range(20):
+        _send(reg, ACME, model_span("acme-run", tid, tokens_in=90, tokens_out=10))
+    assert _calls(reg.runs["acme-run"].budget.usage()) == (20, 2000)
+    clock.t += 5.0  # acme's run is now the stalest span-only run of the guard
+    _flood(reg, GLOBEX, "g", 400)
+    assert len(reg.runs) <= 50
+    run = reg.runs["acme-run"]  # not evicted ...
+    _send(reg, ACME, model_span("acme-run", tid, tokens_in=90, tokens_out=10))
+    assert run is reg.runs["acme-run"]  # ... nor restarted by its next span
+    assert _calls(run.budget.usage()) == (21, 2100)
+    # globex made room among its own runs only: its newest are tracked, its oldest forgotten
+    assert "g-399" in reg.runs and "g-0" not in reg.runs
+    assert all(r.tenant == "globex" for r in reg.span_only.values() if r is not run)
+
+
+def test_a_registration_at_the_cap_makes_room_only_among_its_own_tenant() -> None:
+    reg, clock = _registry(3)
+    _send(reg, ACME, model_span("acme-run", trace_id_of(1)))
+    _send(reg, GLOBEX, model_span("g-old", trace_id_of(2)))
+    clock.t += 1.0
+    _send(reg, GLOBEX, model_span("g-new", trace_id_of(3)))  # full now
+    session = AgentSession("s", None, reg.log, reg.clock)
+    reg.hello(session, pb.Hello(process_id="p", tenant="globex"), GLOBEX)
+    rs = pb.RunStarted(run_id="g-reg", trace_id=trace_id_of(4).hex(), tenant="globex")
+    reg.register(session, rs, GLOBEX)
+    assert "g-reg" in reg.runs and "acme-run" in reg.runs
+    assert "g-old" not in reg.runs and "g-new" in reg.runs  # globex's stalest made room
+    reg.register(session, pb.RunStarted(run_id="g-reg2", tenant="globex"), GLOBEX)
+    assert "g-reg2" in reg.runs and "g-new" not in reg.runs  # globex's last span-only run
+    # globex, with no span-only run left, is refused at the cap: not given acme's room
+    reg.register(session, pb.RunStarted(run_id="g-reg3", tenant="globex"), GLOBEX)
+    assert "g-reg3" not in reg.runs and "acme-run" in reg.runs
+    assert reg.stats["capacity_rejections"] == 1
+
+
+def test_the_run_forgotten_at_the_cap_is_the_tenants_least_recently_heard_from() -> None:
+    reg, clock = _registry(3)
+    for i, rid in enumerate(("a-1", "a-2", "a-3")):
+        clock.t += 1.0
+        _send(reg, ACME, model_span(rid, trace_id_of(i + 1)))
+    clock.t += 1.0
+    _send(reg, ACME, model_span("a-1", trace_id_of(1)))  # heard from again: now a-2 is stalest
+    _send(reg, ACME, model_span("a-4", trace_id_of(4)))
+    assert sorted(reg.runs) == ["a-1", "a-3", "a-4"]
+
+
+# -- the work of making room ------------------------------------------------------------------
+def _python_calls(fn: Any) -> int:
+    """How many functions (Python and builtin) ``fn()`` calls: the work it does, untimed."""
+    n = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal n
+        if event in ("call", "c_call"):
+            n += 1
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return n
+
+
+def _work_at_the_cap(tracked: int) -> int:
+    """Calls made by one request of one new implicit run at the cap of ``tracked`` span-only
+    runs (the run it makes room from included)."""
+    reg, clock = _registry(tracked)
+    _flood(reg, ACME, "a", tracked)
+    assert len(reg.span_only) == tracked
+    clock.t += 1.0
+    _send(reg, ACME, model_span("warm", trace_id_of(1)))  # first-call effects out of the count
+    work = _python_calls(lambda: _send(reg, ACME, model_span("new", trace_id_of(2))))
+    assert "new" in reg.runs and "a-1" not in reg.runs and len(reg.runs) == tracked
+    return work
+
+
+def test_making_room_costs_the_same_at_1k_and_10k_tracked_runs() -> None:
+    small, large = _work_at_the_cap(1_000), _work_at_the_cap(10_000)
+    # a scan of the span-only runs would make ~9,000 more calls (one key per run) at 10k
+    assert large <= small + 10, (small, large)
+
+
+def _sweep_work(tracked: int) -> int:
+    """Calls made by one sweep of ``tracked`` span-only runs, all heard from just now."""
+    reg, clock = _registry(tracked + 10)
+    _flood(reg, ACME, "a", tracked)
+    reg.lifecycle.sweep()  # first-call effects out of the count
+    return _python_calls(reg.lifecycle.sweep)
+
+
+def test_a_sweep_costs_the_same_at_1k_and_10k_fresh_span_only_runs() -> None:
+    small, large = _sweep_work(1_000), _sweep_work(10_000)
+    # a scan of the span-only runs (twice, as before) makes ~18,000 more calls at 10k
+    assert large <= small + 10, (small, large)
+
+
+def test_the_sweep_ends_exactly_the_idle_span_only_runs_from_each_tenants_stalest() -> None:
+    from guard.server._lifecycle import SPAN_ONLY_IDLE_S
+
+    reg, clock = _registry(100)
+    for i in range(6):
+        clock.t += 1.0
+        _send(reg, ACME, model_span(f"a-{i}", trace_id_of(100 + i)))
+        _send(reg, GLOBEX, model_span(f"g-{i}", trace_id_of(200 + i)))
+    clock.t += 1.0
+    _send(reg, ACME, model_span("a-0", trace_id_of(100)))  # heard from again: fresh
+    clock.t += SPAN_ONLY_IDLE_S - 2.5  # a-1..a-3 and g-0..g-3 are past the idle time
+    while reg.lifecycle.sweep(limit=1):  # in slices: what is left comes on the next call
+        pass
+    assert sorted(reg.span_only) == ["a-0", "a-4", "a-5", "g-4", "g-5"]
+
+
+# -- one answer for unknown and foreign run ids ---------------------------------------------
+def _claiming(run_id: str, tenant: str) -> Any:
+    return model_span(run_id, trace_id_of(40), **{"guard.tenant": tenant})
+
+
+def _run_span(run_id: str) -> Any:
+    attrs = {
+        "guard.run.id": run_id,
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "bot",
+        "guard.stop.status": "completed",
+        "guard.stop.reason": "final_answer",
+    }
+    return span("invoke_agent bot", trace_id_of(41), attrs)
+
+
+async def _answers(acme_run: str, probe: str) -> list[bytes]:
+    """globex's OTLP answers (gRPC response bytes, HTTP protobuf body) to spans naming
+    ``probe`` on a guard where acme's live run is ``acme_run``: below the cap, then at the
+    cap with a span-only run of acme's (none of globex's), then with no span-only run."""
+    cfg = config(auth=AUTH, guard={"max_tracked_runs": 3})
+    async with GuardServer(
+        cfg, listen="127.0.0.1:0", sink=MemorySink(), environ=AUTH_ENV, http_listen="127.0.0.1:0"
+    ) as srv:
+        acme = Agent(srv.address, token="acme-secret", tenant="acme")
+        await acme.connect()
+        await acme.start_run(acme_run, trace_id_of(2))
+        globex = Agent(srv.address, token="globex-secret", tenant="globex")
+        await globex.connect(process_id="g")
+        await globex.start_run("g1", trace_id_of(3))
+        export = globex.channel.unary_unary(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+        )  # no deserializer: the response's bytes as sent
+        url = f"http://{srv.http.address}/v1/traces"
+        headers = {
+            "Content-Type": "application/x-protobuf",
+            "Authorization": "Bearer globex-secret",
+        }
+        out: list[bytes] = []
+
+        async def ask(*spans: Any) -> None:
+            body = request(*spans).SerializeToString()
+            out.append(await export(body, metadata=globex.metadata))
+            async with aiohttp.ClientSession() as s, s.post(url, data=body, headers=headers) as r:
+                assert r.status == 200
+                out.append(await r.read())
+
+        await ask(_claiming(probe, "acme"), model_span("g1", trace_id_of(3)))
+        await acme.export(model_span("acme-only", trace_id_of(5)))  # the cap: 3 runs
+        await ask(model_span(probe, trace_id_of(40)), _run_span(probe))
+        await acme.export(_run_span("acme-only"))  # ended: below the cap again ...
+        await acme.start_run("a-3", trace_id_of(6))  # ... and at it, with no span-only run
+        await ask(_run_span(probe), model_span(probe, trace_id_of(40)), _claiming(probe, "acme"))
+        assert srv.registry.runs[acme_run].budget.usage().model_calls == 0
+        await globex.close()
+        await acme.close()
+        return out
+
+
+async def test_a_foreign_run_id_gets_the_answer_of_an_unknown_one_byte_for_byte() -> None:
+    foreign = await _answers("a1", "a1")  # globex names acme's live run
+    unknown = await _answers("a9", "a1")  # the same spans, naming an id nobody has
+    assert foreign == unknown
+    assert any(foreign)  # refusals included (partial_success), not only empty answers
+    assert foreign[0::2] == foreign[1::2]  # gRPC and HTTP agree
