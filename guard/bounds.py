@@ -30,6 +30,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "MAX_LIMIT_S",
     "MAX_QUERY_UNIX_S",
+    "MAX_RECORD_AGE_S",
     "MAX_RUNS_PER_MESSAGE",
     "MAX_TEXT_CHARS",
     "MIN_UNIX_S",
@@ -49,6 +50,10 @@ MAX_COST_USD_PER_RECORD = 1e9  # a run's total (RunEnded usage, re-registered us
 MAX_LIMIT_S = 1e9  # deadline_s / reserve_s (~31 years): anything above is "no deadline"
 MIN_UNIX_S = 946_684_800.0  # 2000-01-01T00:00:00Z
 MAX_FUTURE_S = 86_400.0  # a timestamp may be this far ahead of the guard's clock
+# A termination record's timestamps this far behind the guard's clock are a broken agent
+# clock, not a late record (the SDK holds records only while its process lives): the guard
+# replaces them by its receive time (``guard.server._record_in``).
+MAX_RECORD_AGE_S = 30 * 86_400.0
 MAX_QUERY_UNIX_S = 4_102_444_800.0  # 2100-01-01: Report since/until
 MAX_RUNS_PER_MESSAGE = 10_000  # Hello.live_runs and Heartbeat.runs entries in one message
 

@@ -48,3 +48,6 @@ class RecordSink(Protocol):
     def write_run(self, outcome: Outcome) -> None: ...
 
     def write_decision(self, record: DecisionRecord) -> None: ...
+
+    # Optional: ``dead_letter(table, run_id, error, raw)`` keeps a record the guard refused
+    # (raw text and reason). A sink without it gets one WARNING line per refused record.

@@ -19,9 +19,9 @@ log = logging.getLogger("guard.sdk.control")
 
 
 def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
-    """One guard message, on the control thread: Welcome, Policy, RecordAck, Allowance, the
-    per-run Admit and the Deny / Cancel / Warn / WrapUp directives (each of those acked), or
-    a batch of them (each handled in order)."""
+    """One guard message, on the control thread: Welcome, Policy, RecordAck, Reject,
+    Allowance, the per-run Admit and the Deny / Cancel / Warn / WrapUp directives (each of
+    those acked), or a batch of them (each handled in order)."""
     kind = msg.WhichOneof("body")
     if kind == "batch":
         client.counters["batches_in"] += 1
@@ -49,6 +49,11 @@ def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
         return
     if kind == "record_ack":  # durable on the guard: stop resending it (never acked back)
         client.unacked.ack(msg.record_ack.run_id)
+        return
+    if kind == "reject":  # one message refused, the stream goes on (never acked back)
+        r = msg.reject
+        if r.body == "run_ended" and client.unacked.reject(r.run_id, r.reason, r.code):
+            client.counters["records_rejected"] += 1
         return
     if kind == "allowance":  # not acked: ceilings are cumulative, a repeat is harmless
         client.allowances.on_allowance(msg.allowance)

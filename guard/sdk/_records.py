@@ -7,6 +7,9 @@ again, right after the Hello. ``guard.shutdown()`` waits, bounded, for this to e
 run ids acknowledged recently go in the Hello (``ended_runs``), so a restarted guard knows
 those runs are over when the span exporter retries their spans.
 
+A record the guard refuses (``Reject``: out of its input bounds) is forgotten at once with a
+warning naming the run and the reason: resending it could only be refused again.
+
 Bounded: at :data:`MAX_UNACKED` records the oldest are kept (they have waited longest for a
 guard) and a new one is refused with a warning naming it: counted, never silent.
 """
@@ -65,6 +68,24 @@ class PendingRecords:
             if not self._items:
                 self._cond.notify_all()
             return found
+
+    def reject(self, run_id: str, reason: str, code: int) -> bool:
+        """The guard refused ``run_id``'s record for good (a ``Reject``): forget it, never
+        resend it (it would be refused again after every reconnect), and say so in one
+        WARNING line. False if not held (e.g. a second Reject of a record resent meanwhile)."""
+        with self._cond:
+            found = self._items.pop(run_id, None) is not None
+            if not self._items:
+                self._cond.notify_all()
+        if found:
+            log.warning(
+                "otel-guard: the guard refused the termination record of run %s (status %d: "
+                "%s); it is not sent again",
+                run_id,
+                code,
+                reason,
+            )
+        return found
 
     def all(self) -> list[Any]:
         """Every record still unacknowledged, oldest first (what a reconnect resends)."""

@@ -3,7 +3,9 @@
 The servicer only adapts: a reader task turns AgentMessages into registry calls, the handler
 coroutine writes whatever the registry queued for this session. A protocol violation (no
 Hello first, an empty run id, another tenant's run) ends the stream with a clear status; a
-dropped stream detaches the session's runs (``agent_grace_s`` before ``agent_lost``).
+dropped stream detaches the session's runs (``agent_grace_s`` before ``agent_lost``). A
+termination record out of bounds is not a protocol violation: it is answered with a
+``Reject`` and the stream goes on (``_record_in``).
 
 Every message is validated whole against :mod:`guard.bounds` before any of it is applied
 (``guard.wire.check_*``), and a Hello re-registering many live runs is applied in slices of
@@ -30,6 +32,7 @@ import grpc
 
 from guard.errors import GuardError, InvalidInput
 from guard.server._fanout import AgentSession
+from guard.server._record_in import end_record
 from guard.server._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
@@ -39,7 +42,6 @@ from guard.wire import (
     check_heartbeat,
     check_hello,
     check_run_started,
-    outcome_from_pb,
     policy_to_pb,
     take_encoded,
     welcome_to_pb,
@@ -68,7 +70,8 @@ def apply_message(
         check_run_started(rs)
         registry.register(session, rs, principal)
     elif body == "run_ended":
-        registry.ended_by_agent(session, outcome_from_pb(msg.run_ended.outcome), principal)
+        # refused on its own (Reject), never ending the stream: see _record_in
+        end_record(registry, session, msg.run_ended.outcome, principal)
     elif body == "heartbeat":
         check_heartbeat(msg.heartbeat)
         registry.heartbeat(session, msg.heartbeat)

@@ -198,6 +198,8 @@ class GuardMetrics:
              "capacity)"),
             (counter, "otel_guard.records.acked", "{record}", stat("records_acked"),
              "RecordAcks sent"),
+            (counter, "otel_guard.records.rejected", "{record}", stat("records_rejected"),
+             "RunEnded records refused one by one (Reject sent, dead-lettered)"),
             (counter, "otel_guard.decisions.dropped", "{decision}", stat("decisions_dropped"),
              "decision records lost because the record sink raised"),
             (counter, "otel_guard.agents.lost", "{run}", stat("agent_lost"),

@@ -70,6 +70,8 @@ _STATS = (
     "provisional_spans_dropped",
     "adopted_runs",
     "records_acked",
+    "records_rejected",  # RunEnded refused on its own (Reject; dead letter)
+    "records_clamped",  # RunEnded whose out-of-bounds timestamps took the receive time
 )
 
 

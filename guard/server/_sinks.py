@@ -26,6 +26,8 @@ class MemorySink:
     def __init__(self) -> None:
         self.runs: list[Outcome] = []
         self.decisions: list[DecisionRecord] = []
+        # (table, run_id, error, raw text) of each record the guard refused
+        self.dead_letters: list[tuple[str, str, str, str]] = []
         self._cond = threading.Condition()
 
     def write_run(self, outcome: Outcome) -> None:
@@ -36,6 +38,12 @@ class MemorySink:
     def write_decision(self, record: DecisionRecord) -> None:
         with self._cond:
             self.decisions.append(record)
+            self._cond.notify_all()
+
+    def dead_letter(self, table: str, run_id: str, error: str, raw: str) -> None:
+        """Keep a record the guard refused, with the reason (like the store's dead letter)."""
+        with self._cond:
+            self.dead_letters.append((table, run_id, error, raw))
             self._cond.notify_all()
 
     def run(self, run_id: str) -> Outcome | None:

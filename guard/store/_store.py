@@ -219,6 +219,21 @@ class Store:
             return
         self._accept("d", line, "")
 
+    def dead_letter(self, table: str, run_id: str, error: str, raw: str) -> None:
+        """Keep a record the guard refused (e.g. a RunEnded outside the input bounds) in
+        ``dead_letter``: its raw text and the reason, durable (WAL) on return. Same
+        guarantees as :meth:`write_run`; one WARNING line, as the sender was told."""
+        log.warning(
+            "store: refused %s record for run %.80r (%s); kept in %s.dead_letter",
+            table,
+            run_id,
+            " ".join(error.split())[:300],
+            self.database,
+        )
+        with self._lock:
+            self._counters["dead_lettered"] += 1
+        self._accept("x", dead_letter_row(table, "", error, raw), "")
+
     def _dead_letter(self, table: str, record: object, ex: Exception) -> None:
         run_id = getattr(record, "run_id", "?")
         error = f"{type(ex).__name__}: {ex}"

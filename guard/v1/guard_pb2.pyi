@@ -332,7 +332,7 @@ class Allowance(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., request_id: _Optional[int] = ..., max_cost_usd: _Optional[float] = ..., max_tokens: _Optional[int] = ..., ttl_s: _Optional[float] = ..., exhausted: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class GuardMessage(_message.Message):
-    __slots__ = ("command_id", "sent_at_unix", "welcome", "admit", "deny", "warn", "wrap_up", "cancel", "policy", "record_ack", "allowance", "batch")
+    __slots__ = ("command_id", "sent_at_unix", "welcome", "admit", "deny", "warn", "wrap_up", "cancel", "policy", "record_ack", "allowance", "batch", "reject")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -345,6 +345,7 @@ class GuardMessage(_message.Message):
     RECORD_ACK_FIELD_NUMBER: _ClassVar[int]
     ALLOWANCE_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     sent_at_unix: float
     welcome: Welcome
@@ -357,7 +358,22 @@ class GuardMessage(_message.Message):
     record_ack: RecordAck
     allowance: Allowance
     batch: GuardBatch
-    def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., record_ack: _Optional[_Union[RecordAck, _Mapping]] = ..., allowance: _Optional[_Union[Allowance, _Mapping]] = ..., batch: _Optional[_Union[GuardBatch, _Mapping]] = ...) -> None: ...
+    reject: Reject
+    def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., record_ack: _Optional[_Union[RecordAck, _Mapping]] = ..., allowance: _Optional[_Union[Allowance, _Mapping]] = ..., batch: _Optional[_Union[GuardBatch, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
+
+class Reject(_message.Message):
+    __slots__ = ("run_id", "body", "code", "reason", "dead_lettered")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    body: str
+    code: int
+    reason: str
+    dead_lettered: bool
+    def __init__(self, run_id: _Optional[str] = ..., body: _Optional[str] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ...) -> None: ...
 
 class GuardBatch(_message.Message):
     __slots__ = ("messages",)

@@ -150,7 +150,7 @@ def test_making_room_costs_the_same_at_1k_and_10k_tracked_runs() -> None:
 
 def _sweep_work(tracked: int) -> int:
     """Calls made by one sweep of ``tracked`` span-only runs, all heard from just now."""
-    reg, clock = _registry(tracked + 10)
+    reg, _clock = _registry(tracked + 10)
     _flood(reg, ACME, "a", tracked)
     reg.lifecycle.sweep()  # first-call effects out of the count
     return _python_calls(reg.lifecycle.sweep)

@@ -1,0 +1,146 @@
+"""A ``RunEnded`` from the wire: clocks mended, then accepted, or refused on its own.
+
+One agent process carries all its runs on one control stream, and the SDK resends a record
+until it is acknowledged. So a record the guard cannot accept must not end the stream (the
+records sent after it would be lost, and the resend after each reconnect would end every
+new stream in turn): it is answered with a ``Reject`` naming the run, the reason and the
+status code; the refused record goes to the sink's dead letter when it has one (else one
+WARNING line); and the stream goes on.
+
+Timestamps are the exception: an agent whose clock is off (a day ahead, ten years behind)
+sent a true record with wrong times, so :func:`mend_clock` replaces each timestamp outside
+:func:`timestamp_ok`'s bounds by the guard's receive time and says so in the record's
+message (the record is kept, its times are the guard's). Only what cannot be mended (a bad
+status, a counter past :mod:`guard.bounds`, an oversized id) is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import text_format
+
+from guard.bounds import MAX_FUTURE_S, MAX_ID_CHARS, MAX_RECORD_AGE_S, MAX_TEXT_CHARS, MIN_UNIX_S
+from guard.errors import InvalidInput
+from guard.policy import DecidedBy, Reason, Status
+from guard.server._status import status_for
+from guard.wire import outcome_from_pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._auth import Principal
+    from guard.server._fanout import AgentSession
+    from guard.v1 import guard_pb2 as pb
+
+__all__ = ["MAX_REASON_CHARS", "end_record", "mend_clock", "timestamp_ok"]
+
+log = logging.getLogger("guard.server")
+MAX_REASON_CHARS = 512  # Reject.reason: one line, enough for any bound's words
+_MAX_RAW_CHARS = 64 * 1024  # the refused record's text kept in the dead letter
+
+
+def timestamp_ok(value: float, now: float) -> bool:
+    """0 (unset), or a finite time within ``now - MAX_RECORD_AGE_S .. now + MAX_FUTURE_S``
+    (and not before 2000-01-01): anything else is a broken agent clock."""
+    if value == 0.0:
+        return True
+    earliest = max(MIN_UNIX_S, now - MAX_RECORD_AGE_S)
+    return math.isfinite(value) and earliest <= value <= now + MAX_FUTURE_S
+
+
+def mend_clock(outcome: pb.Outcome, now: float) -> bool:
+    """Replace, in place, each timestamp of ``outcome`` that :func:`timestamp_ok` refuses:
+    ``ended_at_unix`` by ``now`` (the guard's receive time), ``started_at_unix`` by the end
+    minus the run's ``elapsed_ms`` (the agent's monotonic clock is right even when its wall
+    clock is not), and append a note naming the replaced values to the message. True when
+    anything was replaced."""
+    started, ended = outcome.started_at_unix, outcome.ended_at_unix
+    bad_start, bad_end = not timestamp_ok(started, now), not timestamp_ok(ended, now)
+    if not (bad_start or bad_end):
+        return False
+    notes = []
+    if bad_end:
+        notes.append(f"ended_at_unix {ended!r}")
+        outcome.ended_at_unix = ended = now
+    if bad_start:
+        notes.append(f"started_at_unix {started!r}")
+        end = ended or now
+        elapsed_s = outcome.elapsed_ms / 1000.0
+        outcome.started_at_unix = end - elapsed_s if elapsed_s <= end - MIN_UNIX_S else end
+    note = (
+        f" [guard: agent clock out of bounds; {' and '.join(notes)} replaced by the guard's "
+        f"receive time {now:.3f}]"
+    )
+    # a message already too long is refused with its own words; else the note always fits
+    if len(outcome.message) <= MAX_TEXT_CHARS:
+        outcome.message = outcome.message[: MAX_TEXT_CHARS - len(note)] + note
+    return True
+
+
+def end_record(
+    registry: Any, session: AgentSession, outcome: pb.Outcome, principal: Principal
+) -> None:
+    """One RunEnded's outcome: clocks mended (:func:`mend_clock`), then the registry's
+    ``ended_by_agent``; a record out of bounds is refused on its own (``Reject``, dead
+    letter) and the stream goes on. An authorisation failure still ends the stream: that is
+    a misbehaving caller, not a bad record."""
+    if mend_clock(outcome, time.time()):
+        registry.stats["records_clamped"] = registry.stats.get("records_clamped", 0) + 1
+    try:
+        record = outcome_from_pb(outcome)
+    except InvalidInput as exc:  # InputTooLarge too: bounds, never authorisation
+        _refuse(registry, session, outcome, exc, principal)
+        return
+    registry.ended_by_agent(session, record, principal)
+
+
+def _refuse(
+    registry: Any,
+    session: AgentSession,
+    outcome: pb.Outcome,
+    exc: InvalidInput,
+    principal: Principal,
+) -> None:
+    run_id = outcome.run_id[:MAX_ID_CHARS]
+    reason = " ".join(str(exc).split())[:MAX_REASON_CHARS]
+    code = status_for(exc)
+    registry.stats["records_rejected"] = registry.stats.get("records_rejected", 0) + 1
+    kept = _dead_letter(registry.sink, outcome, run_id, f"{code.name}: {reason}")
+    _end_live_run(registry, session, run_id, reason, principal)
+    msg, body = session.compose("reject")
+    body.run_id, body.body, body.reason = run_id, "run_ended", reason
+    body.code, body.dead_lettered = code.value[0], kept
+    session.post(msg)
+
+
+def _dead_letter(sink: Any, outcome: pb.Outcome, run_id: str, error: str) -> bool:
+    """The refused record into the sink's dead letter, when it has one; else one WARNING
+    line (the count is in the guard's stats either way). True when dead-lettered."""
+    dead_letter = getattr(sink, "dead_letter", None)
+    if callable(dead_letter):
+        raw = text_format.MessageToString(outcome, as_one_line=True)[:_MAX_RAW_CHARS]
+        try:
+            dead_letter("runs", run_id, error, raw)
+            return True
+        except Exception:  # the sink's contract is not to raise; never lose the refusal
+            log.exception("guard: dead-lettering the record of run %.80r failed", run_id)
+    log.warning("guard: refused the RunEnded of run %.80r (%s)", run_id, error)
+    return False
+
+
+def _end_live_run(
+    registry: Any, session: AgentSession, run_id: str, reason: str, principal: Principal
+) -> None:
+    """The agent has ended the run, but its record was refused: the guard ends it with its
+    own counters (one record, decided_by guard), so it gives back its tenant's slot now
+    rather than at agent_lost, after the stream drops. Only this stream's run of the
+    caller's tenant: a refused record never touches another tenant's run."""
+    run = registry.runs.get(run_id)
+    if run is None or run.session is not session:
+        return
+    if principal.tenant is not None and run.tenant != principal.tenant:
+        return
+    message = f"the agent's termination record was refused: {reason}"[:MAX_TEXT_CHARS]
+    registry.end_run(run, Status.FAILED, Reason.ERROR, message, DecidedBy.GUARD)
