@@ -52,6 +52,9 @@ class AuthConfig:
 class GuardSettings:
     agent_grace_s: float = 30.0
     max_tracked_runs: int = 100_000
+    # Span requests queued for the applier, in bytes; past a tenant's share of it (this over
+    # the tenants with spans queued) its requests are shed with a retry delay.
+    max_queued_span_bytes: int = 64 * 1024 * 1024
     heartbeat_interval_ms: int = 1000
     admit_timeout_ms: int = 200
     # Tenant allowances: a grant is exactly what a call asks for, and holds for
@@ -182,6 +185,13 @@ def _guard(data: Any, path: str) -> GuardSettings:
         kw["redis_timeout_ms"] = req_float(
             d["redis_timeout_ms"], f"{path}.redis_timeout_ms", minimum=1.0
         )
+    if "max_queued_span_bytes" in d:
+        v = opt_int(d["max_queued_span_bytes"], f"{path}.max_queued_span_bytes", minimum=65536)
+        if v is None:
+            raise ConfigError(
+                "must be an int >= 65536, not null", path=f"{path}.max_queued_span_bytes"
+            )
+        kw["max_queued_span_bytes"] = v
     for name in ("max_tracked_runs", "heartbeat_interval_ms", "admit_timeout_ms"):
         if name in d:
             v = opt_int(d[name], f"{path}.{name}", minimum=1)

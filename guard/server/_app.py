@@ -37,6 +37,7 @@ from guard.server._control import ControlServicer
 from guard.server._control import add_to_server as add_control
 from guard.server._fair import TenantTurns
 from guard.server._fanout import AgentSession
+from guard.server._intake import SpanIntake
 from guard.server._looplag import LoopLag
 from guard.server._ordered import OrderedSet
 from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
@@ -63,6 +64,7 @@ DEFAULT_LISTEN = "127.0.0.1:4317"
 DEFAULT_DRAIN_S = 10.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # larger OTLP batches get RESOURCE_EXHAUSTED
 SWEEP_INTERVAL_S = 0.25
+MAX_STREAMS_PER_CONNECTION = 256
 SWEEP_BATCH = 256  # runs ended by one sweep slice
 
 
@@ -149,7 +151,11 @@ class GuardServer:
         parts = parts_for(self.config, redis_url=self.redis_url, guard_id=self.guard_id)
         self.registry = Registry(self.config, self.sink, guard_id=self.guard_id, parts=parts)
         self.policy_pb = policy_to_pb(self.config)
-        self.turns = TenantTurns()  # one sliced request per tenant at a time
+        self.turns = TenantTurns()  # one sliced control message per tenant at a time
+        # every span request of both transports: admitted per tenant, applied in slices
+        self.intake = SpanIntake(
+            self.registry.ingest, self.config.guard.max_queued_span_bytes, self.registry.stats
+        )
         self.draining = False
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -186,6 +192,7 @@ class GuardServer:
         out["runs_detached"] = float(len(registry.detached))
         out["runs_span_only"] = float(len(registry.span_only))
         out["sessions"] = float(len(self._sessions))
+        out.update(self.intake.figures())
         out["tenants_known"] = float(len(registry.budgets.known()))
         # which span decoder and policy paths run (1: native, 0: the pure-Python reference)
         out["native_decode"] = float(_nativedecode.available())
@@ -203,6 +210,9 @@ class GuardServer:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ("grpc.so_reuseport", 0),
+            # Exports in flight per connection: a flooding client waits for answers instead
+            # of queueing without end (an agent's control stream is one stream)
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((trace_service_handler(self),))
@@ -232,6 +242,7 @@ class GuardServer:
             self.metrics = GuardMetrics(self, self.metrics_settings).start()
         self.registry.metrics = self.metrics  # the shared state reports through it
         await self.registry.parts.start()  # shared state first: admissions need it
+        self.intake.start()
         if self.http_listen:  # after the parts (it ingests at once), before reporting ready
             from guard.server._http import HttpReceiver, server_ssl_context
 
@@ -280,6 +291,7 @@ class GuardServer:
             await asyncio.gather(self._server.stop(grace=budget / 2), self.http.stop(budget / 2))
         else:
             await self._server.stop(grace=budget / 2)
+        await self.intake.stop()  # after the receivers drained: what is left gets UNAVAILABLE
         if self._sweeper is not None:
             self._sweeper.cancel()
         self.loop_lag.stop()

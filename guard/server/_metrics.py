@@ -208,6 +208,12 @@ class GuardMetrics:
              "runs refused because max_tracked_runs was reached"),
             (counter, "otel_guard.export.refused", "{request}", self._refusals,
              "Export requests refused whole, by gRPC status (error.type)"),
+            (counter, "otel_guard.export.shed", "{request}", stat("span_requests_shed"),
+             "Export requests shed because their tenant's share of the span queue was full "
+             "(RESOURCE_EXHAUSTED / 429 with a retry delay; exporters resend them)"),
+            (gauge, "otel_guard.span_queue.size", "By",
+             lambda _o: [Observation(app.intake.figures()["span_queue_bytes"])],
+             "bytes of span requests queued for the applier"),
             (counter, "otel_guard.allowances", "{grant}", self._allowances,
              "tenant allowance requests by outcome (granted, exhausted, unknown)"),
             (gauge, "otel_guard.runs.live", "{run}", self._live_runs,

@@ -11,7 +11,6 @@ the OTLP ``partial_success`` field, the standard way to say "some of these were 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import grpc
@@ -19,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 from guard.errors import GuardError, GuardUnavailable
 from guard.server._auth import Principal
-from guard.server._decode import decode_slices
+from guard.server._intake import SLICE_SPANS
 from guard.server._status import abort_for, status_for
 
 __all__ = [
@@ -30,7 +29,7 @@ __all__ = [
     "trace_service_handler",
 ]
 
-CHUNK_SPANS = 512  # spans decoded or applied between two yields to the event loop
+CHUNK_SPANS = SLICE_SPANS  # spans decoded or applied between two yields to the event loop
 
 SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 _OK = otlp.ExportTraceServiceResponse().SerializeToString()
@@ -39,39 +38,17 @@ _OK = otlp.ExportTraceServiceResponse().SerializeToString()
 async def ingest_export(app: Any, data: bytes, principal: Principal) -> tuple[int, list[str]]:
     """The one ingest path of both OTLP transports (gRPC here, HTTP in ``_http``).
 
-    Decodes and applies one serialized ``ExportTraceServiceRequest`` for ``principal``, then
-    awaits ``registry.budgets.sync()``. Returns (rejected spans, the first error texts) for
-    ``partial_success``; raises a ``GuardError`` (``InvalidInput`` for a malformed body) that
-    refuses the whole request. ``app`` provides ``registry`` and ``turns`` (TenantTurns).
+    Hands one serialized ``ExportTraceServiceRequest`` of ``principal`` to the span intake
+    (``app.intake``, :class:`~guard.server._intake.SpanIntake`: admitted by size per tenant,
+    decoded and applied in slices by its worker), then awaits ``registry.budgets.sync()``.
+    Returns (rejected spans, the first error texts) for ``partial_success``; raises a
+    ``GuardError`` that refuses the whole request (``InvalidInput`` for a malformed body,
+    ``Overloaded`` with a retry delay when the tenant's share of the queue is full).
     """
-    registry = app.registry
-    slices = decode_slices(data, CHUNK_SPANS)
-    # Decode (and so validate) every slice before applying any: a malformed request is
-    # refused whole. A large request yields to the event loop between slices, so one 16 MiB
-    # batch cannot hold it (and every cancel behind it) for long.
-    first = next(slices, None)
-    second = next(slices, None) if first is not None else None
-    rejected, errors = 0, []
-    if second is None:  # the usual case: one slice, no trip through the loop
-        if first is not None:
-            rejected, errors = registry.ingest(first, principal)
-    else:  # sliced: one such request per tenant at a time (see _fair)
-        async with app.turns.turn(principal.tenant):
-            parts = [first, second]
-            while True:
-                await asyncio.sleep(0)
-                part = next(slices, None)
-                if part is None:
-                    break
-                parts.append(part)
-            for decoded in parts:
-                await asyncio.sleep(0)  # before each: the last decode ran just before
-                r, e = registry.ingest(decoded, principal)
-                rejected += r
-                errors.extend(e[: max(0, 5 - len(errors))])
+    rejected, errors = await app.intake.export(data, principal)
     # the one await point of the shared state: a replica's tenant budgets settle
     # this request's per-tenant usage with Redis (in memory: returns at once)
-    await registry.budgets.sync()
+    await app.registry.budgets.sync()
     return rejected, errors
 
 
@@ -87,7 +64,7 @@ def export_response(rejected: int, errors: list[str]) -> otlp.ExportTraceService
 def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
     """Build the TraceService handler bound to a GuardServer-like ``app``.
 
-    ``app`` provides ``auth`` (Authenticator), ``registry``, ``turns`` (TenantTurns),
+    ``app`` provides ``auth`` (Authenticator), ``registry``, ``intake`` (SpanIntake),
     ``draining`` and ``export_refusals`` (a Counter: refused requests by status name).
     """
     auth = app.auth

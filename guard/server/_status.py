@@ -47,7 +47,12 @@ class UnknownRun(InvalidInput):
 
 
 class Overloaded(GuardError):
-    """A capacity limit (tracked runs, tenants, queue) was reached."""
+    """A capacity limit (tracked runs, tenants, queue) was reached. ``retry_after_s``: when
+    the caller may retry (the span intake's shed requests), else ``None``."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
 
 
 # Most specific first.
@@ -79,7 +84,30 @@ async def abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> No
     if code is grpc.StatusCode.INTERNAL:
         log.exception("internal error in %s", type(exc).__name__, exc_info=exc)
         await context.abort(code, f"internal error: {type(exc).__name__}: {exc}")
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is not None:  # OTLP exporters wait this long before retrying (RetryInfo)
+        await context.abort(code, str(exc), trailing_metadata=_retry_info(code, str(exc), retry))
     await context.abort(code, str(exc))
+
+
+def _retry_info(
+    code: grpc.StatusCode, message: str, delay_s: float
+) -> tuple[tuple[str, bytes], ...]:
+    """The trailers carrying a ``google.rpc.RetryInfo``: in the status details (the standard
+    place, which the Collector reads) and as ``google.rpc.retryinfo-bin`` of its own (which
+    the OpenTelemetry Python exporter reads)."""
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    delay = duration_pb2.Duration(seconds=int(delay_s), nanos=int(delay_s % 1 * 1e9))
+    info = error_details_pb2.RetryInfo(retry_delay=delay)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    return (
+        ("grpc-status-details-bin", status.SerializeToString()),
+        ("google.rpc.retryinfo-bin", info.SerializeToString()),
+    )
 
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
