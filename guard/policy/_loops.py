@@ -65,6 +65,14 @@ class LoopVerdict:
 
 
 _OK = LoopVerdict(Action.CONTINUE)
+
+
+def verdict(level: Action, reason: Reason, pattern: str, count: int, what: str) -> LoopVerdict:
+    """A WARN or STOP finding: its detail reads ``"<reason>: <what>; stopping|warning"``."""
+    verb = "stopping" if level is Action.STOP else "warning"
+    return LoopVerdict(level, reason, pattern, count, f"{reason.value}: {what}; {verb}")
+
+
 _pack = Struct("=Q").pack  # one ring slot as bytes (native order, like array("Q"))
 # Among verdicts of the same level, the more specific pattern names the finding.
 _PRIORITY = {"exact_repeat": 0, "cycle": 1, "repeat_in_window": 2, "same_result": 3}
@@ -255,14 +263,8 @@ class LoopDetector:
         found.sort(key=lambda f: (f[0] is not Action.STOP, _PRIORITY[f[1]]))
         lvl, pattern, count, detail = found[0]
         self.hits += 1
-        verb = "stopping" if lvl is Action.STOP else "warning"
-        return LoopVerdict(
-            lvl,
-            Reason.LOOP_DETECTED,
-            pattern,
-            count,
-            f"loop_detected: {pattern}: {detail} (window={w}, repeat_threshold={k}); {verb}",
-        )
+        what = f"{pattern}: {detail} (window={w}, repeat_threshold={k})"
+        return verdict(lvl, Reason.LOOP_DETECTED, pattern, count, what)
 
     def _grown(self, n: int | None = None) -> None:
         """The facts grew at the end of this step (or after call count ``n``): remember where
@@ -336,14 +338,8 @@ class LoopDetector:
         if lvl is Action.CONTINUE:
             return _OK
         self.hits += 1
-        verb = "stopping" if lvl is Action.STOP else "warning"
-        return LoopVerdict(
-            lvl,
-            Reason.NO_PROGRESS,
-            "no_state_change",
-            self._stale,
-            f"no_progress: state unchanged for {self._stale} steps (no_progress_steps={n}); {verb}",
-        )
+        what = f"state unchanged for {self._stale} steps (no_progress_steps={n})"
+        return verdict(lvl, Reason.NO_PROGRESS, "no_state_change", self._stale, what)
 
     @property
     def stale_steps(self) -> int:

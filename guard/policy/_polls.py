@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from guard.errors import ConfigError
 from guard.policy._fingerprint import hash64
-from guard.policy._loops import LoopVerdict
+from guard.policy._loops import LoopVerdict, verdict
 from guard.policy._types import Action, LoopSettings, Reason
 
 __all__ = [
@@ -94,15 +94,11 @@ class PollWatch:
             return _OK
         self.hits += 1
         level = Action.STOP if count >= n else Action.WARN
-        verb = "stopping" if level is Action.STOP else "warning"
-        return LoopVerdict(
-            level,
-            Reason.LOOP_DETECTED,
-            POLL_PATTERN,
-            count,
-            f"loop_detected: {POLL_PATTERN}: same poll with the same result {count}x in a row "
-            f"(max_unchanged_polls={n}); {verb}",
+        what = (
+            f"{POLL_PATTERN}: same poll with the same result {count}x in a row "
+            f"(max_unchanged_polls={n})"
         )
+        return verdict(level, Reason.LOOP_DETECTED, POLL_PATTERN, count, what)
 
     def unchanged(self, action: str) -> int:
         """How many times in a row ``action`` (a poll's fingerprint) answered its last result."""
