@@ -174,11 +174,12 @@ class RunFlow:
                 self.did_work = True
         return verdict
 
-    def step_signals(
-        self, progress: bool | None, state: str | None, tool_calls: int
-    ) -> tuple[bool | None, str | None, bool]:
-        """What a step ending now reports to the stagnation detector (and on its span):
-        ``(progress, state, acted)``.
+    def end_step(
+        self, progress: bool | None, state: str | None, tool_calls: int, *, ok: bool
+    ) -> tuple[bool | None, str | None]:
+        """A step ends: what it reports to the stagnation detector (and on its span),
+        ``(progress, state)``; when it ended normally (``ok``) the detector sees it, under the
+        same lock, and a loop or no-progress verdict is decided like a tool batch's.
 
         The code's own ``progress`` or facts (``state``) always win. With neither, progress is
         derived from the step's tool results (:class:`~guard.policy.ResultNovelty`: a result new
@@ -187,6 +188,7 @@ class RunFlow:
         it reports is left out (the guard, which counts its poll calls as actions, would
         otherwise count it stale).
         """
+        verdict = None
         with self._lock:
             derived, only_polled = self.novelty.end_step()
             if progress is None and state is None:
@@ -195,15 +197,12 @@ class RunFlow:
                 state = None
             if state is not None:
                 self.last_state = state
-        return progress, state, tool_calls > 0 and not only_polled
-
-    def end_step(self, *, state: str | None, progress: bool | None, acted: bool) -> None:
-        """A step ended normally: the stagnation detector sees it; a loop or no-progress
-        verdict is decided like a tool batch's."""
-        with self._lock:
-            verdict = self.detector.end_step(state=state, progress=progress, acted=acted)
-        if verdict.level is not _CONTINUE:
+            if ok:
+                acted = tool_calls > 0 and not only_polled
+                verdict = self.detector.end_step(state=state, progress=progress, acted=acted)
+        if verdict is not None and verdict.level is not _CONTINUE:
             self.after_call(_AFTER_TOOLS, self.decide_after(_AFTER_TOOLS, verdict))
+        return progress, state
 
     # -- after a call ---------------------------------------------------------------------------
     def decide_after(self, phase: Phase, loop: Any = None) -> Decision | None:

@@ -146,7 +146,7 @@ class Step:
             end_step(self)  # (pending: steps that began before the run's first mean)
         # The code's progress or facts, else the progress its tool results show (the span
         # carries either, so the guard's detector sees what the run's own detector sees).
-        progress, state, acted = run.step_signals(self._progress, self._state, self.tool_calls)
+        progress, state = run.end_step(self._progress, self._state, self.tool_calls, ok=et is None)
         action = self.action
         attrs: dict[str, Any] = {}
         if progress is not None:
@@ -158,8 +158,6 @@ class Step:
         if et is not None:
             attrs[A.ERROR_TYPE] = et.__qualname__
             span.set_status(_ERROR)
-        else:
-            run.end_step(state=state, progress=progress, acted=acted)
         if attrs:
             span.set_attributes(attrs)
         span.end()
