@@ -318,10 +318,10 @@ class Admission(RunPart):
             session.cancel(run.run_id, run.stop_reason.value, run.stop_detail)
 
     def make_room(self, tenant: str) -> bool:
-        """At the cap: forget ``tenant``'s stalest span-only run (it has no agent to answer
-        to); False when that tenant has none. Never another tenant's run: a flood of new run
-        ids only ever displaces the flooding tenant's own runs."""
-        stalest = self.table.stalest_span_only(tenant)
+        """At the cap: forget the span-only run :meth:`RunTable.room_from` names for a new run
+        of ``tenant`` (its own tenant's, or a tenant's over its share); False when none may
+        go. A tenant within its share of the table never loses a run to another."""
+        stalest = self.table.room_from(tenant)
         if stalest is None:
             return False
         self._forget(stalest)

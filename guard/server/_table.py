@@ -5,10 +5,14 @@ detached and span-only runs), the capacity (``max_tracked_runs``), the bounded m
 ended run ids, and the count of spans that provisional runs hold; every change to them goes
 through its methods, so the indexes always agree.
 
-Capacity is made per tenant: at the cap a new run may only take the place of its *own*
-tenant's stalest span-only run, so one tenant's flood of made-up run ids cannot evict another
-tenant's runs. Each tenant's span-only runs are kept in an LRU (least recently heard from
-first, :meth:`RunTable.touch`), so that run is found in O(1), not by a scan of all of them.
+Capacity is shared out per tenant. Each tenant's share is the cap over the tenants tracked.
+At the cap, a new run takes the place of a span-only run (one without an agent to answer to):
+of the tenant holding the most span-only runs when that tenant is over its share and the new
+run's tenant is within its own, else of its own tenant. So one tenant's flood of made-up run
+ids only ever displaces that tenant's runs, and it cannot lock another tenant out by filling
+the table either. A run with an agent (registered over a control stream) is never displaced.
+Each tenant's span-only runs are kept in an LRU (least recently heard from first,
+:meth:`RunTable.touch`), so the run to displace is found in O(1), not by a scan of the runs.
 
 Readers may look at the maps (read-only ``Mapping`` views by convention: the span path reads
 ``runs`` and ``by_trace`` once per span). Nothing here decides, delivers or writes a record.
@@ -55,22 +59,31 @@ class RunTable:
 
     # -- admission -----------------------------------------------------------------------
     def full(self) -> bool:
-        """At ``max_tracked_runs``: a new run needs room first (:meth:`stalest_span_only`)."""
+        """At ``max_tracked_runs``: a new run needs room first (:meth:`room_from`)."""
         return len(self.runs) >= self.max_runs
 
     def has_room(self, tenant: str) -> bool:
-        """Whether a new run of ``tenant`` could be tracked now: below the cap, or one of
-        that tenant's own span-only runs could make room (never another tenant's)."""
-        return len(self.runs) < self.max_runs or tenant in self.idle
+        """Whether a new run of ``tenant`` could be tracked now: below the cap, or a span-only
+        run could make room for it (:meth:`room_from`)."""
+        return len(self.runs) < self.max_runs or self.room_from(tenant) is not None
 
-    def stalest_span_only(self, tenant: str) -> RunState | None:
-        """``tenant``'s span-only run heard from the longest ago: the one to forget at the cap
-        for a new run of that tenant (it has no agent to answer to). ``None`` when it has
-        none. O(1): the head of the tenant's LRU."""
+    def room_from(self, tenant: str) -> RunState | None:
+        """At the cap: the span-only run to forget for a new run of ``tenant``, or ``None``.
+
+        The stalest of the tenant with the most span-only runs, when it holds more than its
+        share of the table and ``tenant`` holds less than its own; else ``tenant``'s own
+        stalest. O(1) for a tenant over its share (a flood's case); a tenant within its share
+        looks at the tenants that have span-only runs (usually few).
+        """
+        held = self.by_tenant.get(tenant)
+        tenants = len(self.by_tenant) + (held is None)
+        share = self.max_runs / tenants
+        if held is None or len(held) < share:
+            donor = max(self.idle, key=lambda t: len(self.idle[t]), default=None)
+            if donor is not None and donor != tenant and len(self.by_tenant[donor]) > share:
+                return next(iter(self.idle[donor].values()))
         lru = self.idle.get(tenant)
-        if not lru:
-            return None
-        return next(iter(lru.values()))
+        return next(iter(lru.values())) if lru else None
 
     def touch(self, runs: Iterable[RunState]) -> None:
         """``runs`` were just heard from (their ``touched_at`` set to now): each span-only one

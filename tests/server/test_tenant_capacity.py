@@ -1,8 +1,9 @@
 """At ``max_tracked_runs``: capacity is per tenant, and the answer to a span says nothing of
 other tenants' run ids.
 
-A new run (implicit, from its spans, or registered) may only take the place of its own
-tenant's stalest span-only run; finding that run costs the same however many runs the guard
+A new run (implicit, from its spans, or registered) takes the place of a span-only run: its
+own tenant's stalest, or the stalest of a tenant over its share of the table when its own
+tenant is within its share; a run with an agent is never displaced. Finding that run costs the same however many runs the guard
 tracks (counted in calls, not timed); and a span naming another tenant's live run gets
 exactly the OTLP answer, byte for byte, over gRPC and HTTP, that a span naming an id nobody
 has gets.
@@ -98,6 +99,37 @@ def test_a_registration_at_the_cap_makes_room_only_among_its_own_tenant() -> Non
     reg.register(session, pb.RunStarted(run_id="g-reg3", tenant="globex"), GLOBEX)
     assert "g-reg3" not in reg.runs and "acme-run" in reg.runs
     assert reg.stats["capacity_rejections"] == 1
+
+
+def test_a_flood_cannot_lock_another_tenant_out_of_a_full_table() -> None:
+    reg, clock = _registry(10)
+    _flood(reg, GLOBEX, "g", 10)  # globex fills the table with span-only runs
+    clock.t += 1.0
+    session = AgentSession("s", None, reg.log, reg.clock)
+    reg.hello(session, pb.Hello(process_id="p", tenant="acme"), ACME)
+    for i in range(5):  # acme's share: 10 runs over 2 tenants
+        reg.register(session, pb.RunStarted(run_id=f"a-{i}", tenant="acme"), ACME)
+    assert all(f"a-{i}" in reg.runs for i in range(5))
+    assert reg.stats["capacity_rejections"] == 0
+    assert sorted(r for r in reg.runs if r.startswith("g")) == [f"g-{i}" for i in range(5, 10)]
+    # at its share, acme makes room only among its own span-only runs (it has none) ...
+    reg.register(session, pb.RunStarted(run_id="a-5", tenant="acme"), ACME)
+    assert "a-5" not in reg.runs and reg.stats["capacity_rejections"] == 1
+    # ... and globex, now within its share, keeps the rest: its new runs take its own room
+    _flood(reg, GLOBEX, "h", 3)
+    assert all(f"a-{i}" in reg.runs for i in range(5)) and len(reg.runs) == 10
+    assert "h-2" in reg.runs and "g-5" not in reg.runs
+
+
+def test_a_run_with_an_agent_is_never_displaced() -> None:
+    reg, _ = _registry(4)
+    session = AgentSession("s", None, reg.log, reg.clock)
+    reg.hello(session, pb.Hello(process_id="p", tenant="globex"), GLOBEX)
+    for i in range(4):
+        reg.register(session, pb.RunStarted(run_id=f"g-{i}", tenant="globex"), GLOBEX)
+    # globex holds the whole table, but with registered runs: acme gets no room
+    assert _send(reg, ACME, model_span("a-1", trace_id_of(1)))[0] == 1
+    assert "a-1" not in reg.runs and all(f"g-{i}" in reg.runs for i in range(4))
 
 
 def test_the_run_forgotten_at_the_cap_is_the_tenants_least_recently_heard_from() -> None:
@@ -197,8 +229,9 @@ def _run_span(run_id: str) -> Any:
 async def _answers(acme_run: str, probe: str) -> list[bytes]:
     """globex's OTLP answers (gRPC response bytes, HTTP protobuf body) to spans naming
     ``probe`` on a guard where acme's live run is ``acme_run``: below the cap, then at the
-    cap with a span-only run of acme's (none of globex's), then with no span-only run."""
-    cfg = config(auth=AUTH, guard={"max_tracked_runs": 3})
+    cap with a span-only run of acme's (none of globex's, which holds its share of the table),
+    then with no span-only run."""
+    cfg = config(auth=AUTH, guard={"max_tracked_runs": 4})
     async with GuardServer(
         cfg, listen="127.0.0.1:0", sink=MemorySink(), environ=AUTH_ENV, http_listen="127.0.0.1:0"
     ) as srv:
@@ -208,6 +241,7 @@ async def _answers(acme_run: str, probe: str) -> list[bytes]:
         globex = Agent(srv.address, token="globex-secret", tenant="globex")
         await globex.connect(process_id="g")
         await globex.start_run("g1", trace_id_of(3))
+        await globex.start_run("g2", trace_id_of(4))
         export = globex.channel.unary_unary(
             "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
         )  # no deserializer: the response's bytes as sent
@@ -226,7 +260,7 @@ async def _answers(acme_run: str, probe: str) -> list[bytes]:
                 out.append(await r.read())
 
         await ask(_claiming(probe, "acme"), model_span("g1", trace_id_of(3)))
-        await acme.export(model_span("acme-only", trace_id_of(5)))  # the cap: 3 runs
+        await acme.export(model_span("acme-only", trace_id_of(5)))  # the cap: 4 runs
         await ask(model_span(probe, trace_id_of(40)), _run_span(probe))
         await acme.export(_run_span("acme-only"))  # ended: below the cap again ...
         await acme.start_run("a-3", trace_id_of(6))  # ... and at it, with no span-only run
