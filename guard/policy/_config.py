@@ -54,7 +54,7 @@ class GuardSettings:
     max_tracked_runs: int = 100_000
     # Span requests queued for the applier, in bytes; past a tenant's share of it (this over
     # the tenants with spans queued) its requests are shed with a retry delay.
-    max_queued_span_bytes: int = 64 * 1024 * 1024
+    max_queued_span_bytes: int = 8 * 1024 * 1024
     heartbeat_interval_ms: int = 1000
     admit_timeout_ms: int = 200
     # Tenant allowances: a grant is exactly what a call asks for, and holds for

@@ -4,10 +4,10 @@ Both OTLP transports hand every Export request to :meth:`SpanIntake.export`. Not
 request is decoded or applied in the receiver's own handler: it is admitted (or shed) in O(1)
 by its size, queued under its tenant, and one worker task on the guard's event loop decodes
 and applies the queued requests a slice (at most :data:`SLICE_SPANS` spans) at a time, taking
-the tenants with queued work in turn. After each slice the worker yields to the loop, so a
-control message (a cancel, an allowance answer, a health check) waits for one slice at most,
-however many span requests are in flight, and one tenant's flood delays another tenant's
-spans by one slice per turn, not by the flood.
+the tenants with queued work in turn. Once its steps have taken :data:`TURN_BUDGET_S` the
+worker yields to the loop, so a control message (a cancel, an allowance answer, a health
+check) waits about that long at most, however many span requests are in flight, and one
+tenant's flood delays another tenant's spans by one slice per tenant, not by the flood.
 
 Admission is by bytes, a request counting at least :data:`MIN_COST_BYTES` (so a flood of tiny
 requests is bounded too). With ``cap`` the configured queue size and ``n`` the tenants with
@@ -41,11 +41,12 @@ from guard.errors import GuardError, GuardUnavailable
 from guard.server._decode import decode_slices
 from guard.server._status import Overloaded
 
-__all__ = ["MIN_COST_BYTES", "SLICE_SPANS", "SpanIntake"]
+__all__ = ["MIN_COST_BYTES", "SLICE_SPANS", "TURN_BUDGET_S", "SpanIntake"]
 
 log = logging.getLogger("guard.server")
 
-SLICE_SPANS = 512  # spans decoded or applied between two yields to the event loop
+SLICE_SPANS = 128  # spans decoded or applied in one step (a step of new runs: ~1-2 ms)
+TURN_BUDGET_S = 0.002  # steps taken in one turn of the event loop, until this has passed
 MIN_COST_BYTES = 4096  # what a request counts at least against its tenant's share
 RETRY_AFTER_S = 1.0  # the retry delay a shed request is given (the queue drains in less)
 
@@ -84,7 +85,8 @@ class SpanIntake:
 
     ``apply(decoded, principal) -> (rejected, errors)`` applies one decoded slice (the
     registry's ``ingest``); it runs only in the worker task, on the loop that called
-    :meth:`start`. ``cap_bytes`` is the queue's size (``guard.max_queued_span_bytes``).
+    :meth:`start`. ``cap_bytes`` is the queue's size (``guard.max_queued_span_bytes``);
+    ``turn_budget_s``: how long the worker may hold the loop (0: one step per turn).
     Counters (``span_requests_shed``, ``span_bytes_shed``, ``span_requests_abandoned``) go in
     ``stats``; :meth:`figures` adds the queue's current size and the longest wait so far.
     """
@@ -96,6 +98,7 @@ class SpanIntake:
         stats: dict[str, int],
         *,
         slice_spans: int = SLICE_SPANS,
+        turn_budget_s: float = TURN_BUDGET_S,
     ) -> None:
         if cap_bytes < MIN_COST_BYTES:
             raise ValueError(f"cap_bytes {cap_bytes} is below one request ({MIN_COST_BYTES})")
@@ -103,6 +106,7 @@ class SpanIntake:
         self.cap_bytes = cap_bytes
         self.stats = stats
         self._slice = slice_spans
+        self._budget_s = turn_budget_s
         self._queues: dict[str | None, deque[_Job]] = {}  # tenants with queued work
         self._turns: deque[str | None] = deque()  # those tenants, in the order they are served
         self._held: dict[str | None, int] = {}  # tenant -> queued bytes
@@ -187,10 +191,12 @@ class SpanIntake:
 
     async def _work(self) -> None:
         assert self._wake is not None
+        turn = time.perf_counter()
         while True:
             if not self._turns:
                 self._wake.clear()
                 await self._wake.wait()
+                turn = time.perf_counter()
                 continue
             tenant = self._turns.popleft()
             queue = self._queues[tenant]
@@ -209,7 +215,10 @@ class SpanIntake:
                 self._turns.append(tenant)
             else:
                 del self._queues[tenant]
-            await asyncio.sleep(0)  # one slice per turn of the loop: control comes first
+            now = time.perf_counter()
+            if now - turn >= self._budget_s:  # the loop's turn: control comes first
+                await asyncio.sleep(0)
+                turn = time.perf_counter()
 
     def _release(self, tenant: str | None, cost: int) -> None:
         self._total -= cost

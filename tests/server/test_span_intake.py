@@ -22,7 +22,7 @@ from guard.policy import PolicyConfig
 from guard.server import GuardServer, MemorySink
 from guard.server._auth import Principal
 from guard.server._fair import TenantTurns
-from guard.server._intake import MIN_COST_BYTES, SLICE_SPANS, SpanIntake
+from guard.server._intake import MIN_COST_BYTES, SLICE_SPANS, TURN_BUDGET_S, SpanIntake
 from guard.server._otlp import ingest_export
 from guard.server._registry import Registry
 from guard.server._status import Overloaded
@@ -64,7 +64,7 @@ def _request(run: str, spans: int, tenant: str | None = None) -> bytes:
 class _Host:
     """A registry whose applier counts its slices, and the intake in front of it."""
 
-    def __init__(self, cap_bytes: int = 64 << 20) -> None:
+    def __init__(self, cap_bytes: int = 64 << 20, turn_budget_s: float = 0.0) -> None:
         self.registry = Registry(PolicyConfig.from_dict(None), MemorySink(), guard_id="t")
         self.slices: list[str | None] = []  # the tenant of every slice applied, in order
         ingest = self.registry.ingest
@@ -75,7 +75,10 @@ class _Host:
 
         self.registry.ingest = counted  # what both the intake and the old inline path call
         self.turns = TenantTurns()
-        self.intake = SpanIntake(counted, cap_bytes, self.registry.stats)
+        # one step per turn of the loop by default, so that the tests can count steps
+        self.intake = SpanIntake(
+            counted, cap_bytes, self.registry.stats, turn_budget_s=turn_budget_s
+        )
 
     def tokens(self, run: str) -> int:
         r = self.registry.runs[run]
@@ -101,6 +104,24 @@ async def test_a_control_message_waits_for_one_slice_however_many_requests_are_i
         assert len(host.slices) == 24
         # Applied inline in each handler, all 24 slices ran before the callback did.
         assert seen and seen[0] <= 1, f"a control callback waited for {seen[0]} slices"
+    finally:
+        await host.intake.stop()
+
+
+async def test_the_worker_holds_the_loop_for_its_turn_budget_not_for_the_flood():
+    host = _Host(turn_budget_s=TURN_BUDGET_S)
+    host.intake.start()
+    try:
+        flood = [
+            asyncio.ensure_future(ingest_export(host, _request(f"a{i}", SLICE_SPANS), _who("a")))
+            for i in range(400)
+        ]
+        await asyncio.sleep(0)
+        seen: list[int] = []
+        asyncio.get_running_loop().call_soon(lambda: seen.append(len(host.slices)))
+        await asyncio.gather(*flood)
+        assert len(host.slices) == 400
+        assert seen and seen[0] < 400, "a control callback waited for the whole flood"
     finally:
         await host.intake.stop()
 
@@ -255,6 +276,6 @@ async def test_grpc_sheds_with_resource_exhausted_and_a_retry_delay():
 
 
 def test_the_queue_size_is_a_validated_setting():
-    assert PolicyConfig.from_dict(None).guard.max_queued_span_bytes == 64 << 20
+    assert PolicyConfig.from_dict(None).guard.max_queued_span_bytes == 8 << 20
     with pytest.raises(Exception, match="max_queued_span_bytes"):
         PolicyConfig.from_dict({"guard": {"max_queued_span_bytes": 10}})
