@@ -43,7 +43,11 @@ class DecisionRecord:
 
 
 class RecordSink(Protocol):
-    """Where the guard sends termination and decision records. Must never block or raise."""
+    """Where the guard sends termination and decision records. Must never block.
+
+    ``write_run`` returns once the record is durable; it raises ``StoreError`` when it could
+    not make it so (a full disk), and the guard then does not acknowledge the record (its
+    agent keeps it, the guard offers it again). ``write_decision`` never raises."""
 
     def write_run(self, outcome: Outcome) -> None: ...
 

@@ -34,10 +34,10 @@ class TeeSink:
         self.decisions_written = 0
 
     def write_run(self, outcome: Outcome) -> None:
+        self.store.write_run(outcome)  # first: a record the store refused is offered again
         with self._lock:
             self.runs_written += 1
             self._feed.append(("run", outcome))
-        self.store.write_run(outcome)
 
     def write_decision(self, record: DecisionRecord) -> None:
         with self._lock:

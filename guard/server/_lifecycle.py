@@ -4,14 +4,24 @@ unreachable run, the run span of a span-only run) and housekeeping.
 A part of :class:`guard.server._registry.Registry` (``registry.lifecycle``). Every way out
 writes exactly one ``Outcome`` to the sink; ``ended`` remembers recent run ids so duplicates
 and late spans are dropped.
+
+A record the sink could not make durable (it raised: the store's disk is full) is *not*
+acknowledged. The run is ended on the guard all the same (its grant given back, late spans
+dropped), and the record waits in ``unwritten`` (bounded, :data:`UNWRITTEN_MAX`): the sweep
+offers it to the sink again with a jittered backoff and acknowledges it on its stream once
+the sink took it; a resend of it from the agent (after a reconnect) is that same record,
+written then if it still waits, acknowledged as a repeat if it was written meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from guard.errors import StoreError
 from guard.policy import DecidedBy, Outcome, Reason, Status
 from guard.server._ordered import OrderedSet
 from guard.server._scope import RunPart, Scope
@@ -24,10 +34,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._parts import RunDirectory, TenantBudgets
     from guard.server._state import RunState
 
-__all__ = ["ENDED_MEMORY", "Lifecycle"]  # ENDED_MEMORY: see _table
+__all__ = ["ENDED_MEMORY", "UNWRITTEN_MAX", "Lifecycle", "Readiness"]  # ENDED_MEMORY: see _table
 
 log = logging.getLogger("guard.server")
 SPAN_ONLY_IDLE_S = 600.0  # a run seen only through spans is forgotten after this much silence
+# Records the sink refused kept for another try. Past it the oldest agent record is let go
+# (never acknowledged: its agent still holds it and resends it after a reconnect).
+UNWRITTEN_MAX = 10_000
+_RETRY_MIN_S, _RETRY_MAX_S = 0.25, 5.0
+_RETRY_PER_SWEEP = 2_000  # a sweep's slice: the loop is not held by a long catch-up
 
 
 class Lifecycle(RunPart):
@@ -54,11 +69,16 @@ class Lifecycle(RunPart):
         self.sessions = sessions
         self.grace_s = float(scope.config.guard.agent_grace_s)
         self._asking: set[str] = set()  # run ids the directory was asked about (sweep)
+        # run id -> (its record, the stream to acknowledge it on: None for the guard's own)
+        self.unwritten: OrderedDict[str, tuple[Outcome, AgentSession | None]] = OrderedDict()
+        self._retry_at = 0.0
+        self._retry_backoff_s = 0.0
 
     def ended_by_agent(self, session: AgentSession | None, outcome: Outcome, principal: Principal):
         """RunEnded: the agent's outcome is the record (first one wins). Acknowledged with
         RecordAck once the sink holds it durably (the store's WAL), a repeat at once: the
-        agent resends it until then."""
+        agent resends it until then. A record the sink refused is not acknowledged; it waits
+        in ``unwritten`` (module docstring), and a resend of it is the same record."""
         run = self.runs.get(outcome.run_id)
         if run is not None and principal.tenant is not None and run.tenant != principal.tenant:
             # Another tenant's live run: never end it, never write over its record. Answered
@@ -70,12 +90,24 @@ class Lifecycle(RunPart):
         principal.check_tenant(run.tenant if run is not None else outcome.tenant)
         if run is not None:
             self.finish(run, outcome)  # its grant back, but the tail its final usage announces
-        elif outcome.run_id in self.ended:
-            self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
+        elif outcome.run_id in self.ended or outcome.run_id in self.unwritten:
+            waiting = self.unwritten.get(outcome.run_id)
+            if waiting is None:
+                self._ack_record(session, outcome.run_id)  # a repeat: changes nothing
+            elif principal.tenant is not None and waiting[0].tenant != principal.tenant:
+                self._ack_record(session, outcome.run_id)  # another tenant's: as a repeat
+            else:
+                # The agent resent a record the sink refused: the first one is the record.
+                self.unwritten[outcome.run_id] = (waiting[0], session)
+                if self._write_run(waiting[0], quiet=True):
+                    del self.unwritten[outcome.run_id]
+                    self._ack_record(session, outcome.run_id)
             return
         self.remember_ended(outcome.run_id)
         if self._write_run(outcome):
             self._ack_record(session, outcome.run_id)
+        else:
+            self._keep_unwritten(outcome, session)
 
     def _ack_record(self, session: AgentSession | None, run_id: str) -> None:
         if session is not None:
@@ -114,18 +146,79 @@ class Lifecycle(RunPart):
             # its stream's replica writes the one record (this one only counted its spans)
             self.stats["remote_ends"] = self.stats.get("remote_ends", 0) + 1
             return outcome
-        self._write_run(outcome)
+        if not self._write_run(outcome):
+            self._keep_unwritten(outcome, None)
         return outcome
 
-    def _write_run(self, outcome: Outcome) -> bool:
+    def _write_run(self, outcome: Outcome, *, quiet: bool = False) -> bool:
         """Hand the record to the sink; True when it returned (then it is durable: the store
-        appends to its WAL before returning)."""
+        appends to its WAL before returning). False when it raised: not durable, so not to
+        be acknowledged. A StoreError (the store's disk is full: it logs that condition
+        once) is counted, not logged per record."""
         try:
             self.sink.write_run(outcome)
+        except StoreError as ex:
+            self.stats["records_unacked"] = self.stats.get("records_unacked", 0) + 1
+            if not quiet:
+                log.debug("guard: the record of run %r is not durable: %s", outcome.run_id, ex)
+            return False
         except Exception:
+            self.stats["records_unacked"] = self.stats.get("records_unacked", 0) + 1
             log.exception("guard: writing the record of run %r failed", outcome.run_id[:64])
             return False
         return True
+
+    def _keep_unwritten(self, outcome: Outcome, session: AgentSession | None) -> None:
+        """Keep a record the sink refused for the sweep to offer again (bounded)."""
+        self.unwritten[outcome.run_id] = (outcome, session)
+        self.unwritten.move_to_end(outcome.run_id)
+        if self._retry_at <= 0.0:
+            self._retry_at = self.clock() + _RETRY_MIN_S * random.uniform(0.5, 1.0)
+        while len(self.unwritten) > UNWRITTEN_MAX:
+            # Let go of an agent's record first (the oldest): never acknowledged, its agent
+            # still holds it and resends it after a reconnect, and then it must be written
+            # as a new record, not acknowledged as a repeat. The guard's own records have
+            # no other copy: one goes only when nothing else is left to let go of.
+            old_id = next((r for r, (_, s) in self.unwritten.items() if s is not None), None)
+            if old_id is None:
+                old_id = next(iter(self.unwritten))
+            old, old_session = self.unwritten.pop(old_id)
+            if old_session is not None:
+                self.ended.pop(old_id, None)
+            else:
+                self.stats["records_lost"] = self.stats.get("records_lost", 0) + 1
+                log.error(
+                    "guard: LOST the guard's record of run %r (%s): the store refused it and "
+                    "%d records already wait for it",
+                    old_id,
+                    old.reason,
+                    UNWRITTEN_MAX,
+                )
+
+    def retry_unwritten(self, limit: int = _RETRY_PER_SWEEP) -> None:
+        """Offer the records the sink refused to it again, oldest first, once the jittered
+        backoff is due; each one it takes is acknowledged on its stream (if that stream
+        is still open; otherwise the agent's resend after its reconnect is acked as a
+        repeat). Stops at the first refusal: the sink is still full."""
+        if not self.unwritten or self.clock() < self._retry_at:
+            return
+        for run_id in list(self.unwritten)[:limit]:
+            outcome, session = self.unwritten[run_id]
+            if not self._write_run(outcome, quiet=True):
+                self._retry_backoff_s = min(
+                    _RETRY_MAX_S, max(_RETRY_MIN_S, self._retry_backoff_s * 2)
+                )
+                self._retry_at = self.clock() + self._retry_backoff_s * random.uniform(0.5, 1.0)
+                return
+            del self.unwritten[run_id]
+            self._ack_record(session, run_id)
+        self._retry_backoff_s = 0.0
+        self._retry_at = 0.0 if not self.unwritten else self.clock()
+
+    def durable(self) -> bool:
+        """Whether records are being made durable: False while any waits in ``unwritten``
+        or the sink reports its disk full (``disk_full``). The guard's readiness."""
+        return not self.unwritten and not getattr(self.sink, "disk_full", False)
 
     def remember_ended(self, run_id: str) -> None:
         """Late spans and repeated RunEnded of ``run_id`` are dropped from now on."""
@@ -195,6 +288,7 @@ class Lifecycle(RunPart):
         for session in list(self.sessions):
             session.expire(now)
         self.budgets.renew()
+        self.retry_unwritten()
         return more
 
     def _confirmed(self, run: RunState, moved: bool) -> None:
@@ -233,3 +327,35 @@ class Lifecycle(RunPart):
             f"{why} (agent_grace_s={self.grace_s:g})",
             DecidedBy.GUARD,
         )
+
+
+class Readiness:
+    """The guard's gRPC health while its records cannot be made durable (disk full).
+
+    Readiness, not liveness: the overall status (``""``) and ``guard.v1.GuardControl`` go
+    NOT_SERVING while :meth:`Lifecycle.durable` is False, so a load balancer or an
+    orchestrator's readiness probe sends agents to another guard (whose disk takes their
+    records) instead of to one that cannot acknowledge them; they go back to SERVING once the
+    records are durable again. The process is not restarted for it (a restart would not free
+    the disk, and records kept in memory for it would have to be recovered from the WAL).
+    The OTLP and admin services stay SERVING: spans still guard the live runs, and the admin
+    service reports the condition (``Stats``: ``store_disk_full``, ``store_records_held``).
+    Nothing changes once the guard drains (its health is NOT_SERVING for good then).
+    """
+
+    def __init__(self, health: Any, services: tuple[str, ...]) -> None:
+        self.health = health
+        self.services = services
+        self.ready = True
+
+    async def update(self, lifecycle: Lifecycle, draining: bool) -> None:
+        """Set the health of ``services`` from ``lifecycle.durable()`` when it changed."""
+        ready = lifecycle.durable()
+        if ready == self.ready or draining:
+            return
+        from grpc_health.v1 import health_pb2
+
+        self.ready = ready
+        status = health_pb2.HealthCheckResponse
+        for name in self.services:
+            await self.health.set(name, status.SERVING if ready else status.NOT_SERVING)

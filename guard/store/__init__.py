@@ -9,12 +9,13 @@ from __future__ import annotations
 from guard.store._dsn import DEFAULT_DATABASE, Dsn, parse_dsn
 from guard.store._records import DecisionRecord, RecordSink
 from guard.store._reporting import Report, report_from_pb, report_to_pb
-from guard.store._store import Store, open_store, read_report
+from guard.store._store import RecordNotDurable, Store, open_store, read_report
 
 __all__ = [
     "DEFAULT_DATABASE",
     "DecisionRecord",
     "Dsn",
+    "RecordNotDurable",
     "RecordSink",
     "Report",
     "Store",

@@ -15,6 +15,7 @@ from typing import Any
 from guard.errors import ConfigError, StoreError
 from guard.policy._types import Outcome
 from guard.store._claims import DEFAULT_CLAIM_TTL_S, RecordClaims, holder_id
+from guard.store._diskfull import DiskState, RecordNotDurable
 from guard.store._dsn import Dsn, connect, parse_dsn
 from guard.store._enginelog import forget_uncommitted_blocks
 from guard.store._records import DecisionRecord
@@ -24,7 +25,7 @@ from guard.store._schema import migrate
 from guard.store._wal import Spool, Wal, lock_dir, recover_to_spool
 from guard.store._writer import Writer
 
-__all__ = ["Store", "open_store", "read_report"]
+__all__ = ["RecordNotDurable", "Store", "open_store", "read_report"]
 
 log = logging.getLogger("guard.store")
 
@@ -32,6 +33,8 @@ _COUNTERS = (
     "queued", "written", "spooled", "replayed", "dropped", "dead_lettered", "deduplicated",
     "records_claimed_elsewhere", "records_unclaimed", "records_claim_conflicts",
 )  # fmt: skip
+# Acknowledged records the writer may keep in memory while the disk is full (~0.5 KB each).
+DEFAULT_MAX_HELD = 100_000
 
 
 def open_store(
@@ -45,6 +48,7 @@ def open_store(
     redis_url: str | None = None,
     guard_id: str | None = None,
     claim_ttl_s: float = DEFAULT_CLAIM_TTL_S,
+    max_held: int = DEFAULT_MAX_HELD,
 ) -> Store:
     """Open (and migrate) the store. ``dsn`` None = embedded ``chdb://{data_dir}/clickhouse``.
 
@@ -54,6 +58,10 @@ def open_store(
     ``redis_url`` (``serve --redis``): this store is one replica's of several, and each run
     record is claimed fleet-wide before it is inserted (``_claims``; a claim lasts
     ``claim_ttl_s``; ``guard_id`` names this replica in the claims). None: no claims.
+
+    ``max_held``: how many acknowledged records the writer may keep in memory while it can
+    neither insert nor spool them (disk full); at that many, :meth:`Store.write_run` refuses
+    new run records (:class:`RecordNotDurable`) instead of dropping old ones.
     """
     store = Store(
         parse_dsn(dsn, data_dir=Path(data_dir)),
@@ -65,6 +73,7 @@ def open_store(
         redis_url=redis_url,
         guard_id=guard_id,
         claim_ttl_s=claim_ttl_s,
+        max_held=max_held,
     )
     return store
 
@@ -95,7 +104,13 @@ def read_report(dsn: str | None, *, data_dir: Path | str, **query: Any) -> Repor
 
 
 class Store:
-    """ClickHouse-backed RecordSink. ``write_run``/``write_decision`` never block or raise."""
+    """ClickHouse-backed RecordSink. ``write_run``/``write_decision`` never block.
+
+    ``write_run`` raises :class:`RecordNotDurable` (and only that) when the record did not
+    reach the WAL: the data dir cannot be written (disk full, I/O error) or ``max_held``
+    acknowledged records already wait in memory. The caller must not acknowledge such a
+    record. ``write_decision`` and ``dead_letter`` never raise (nobody acknowledges them).
+    """
 
     def __init__(
         self,
@@ -109,6 +124,7 @@ class Store:
         redis_url: str | None = None,
         guard_id: str | None = None,
         claim_ttl_s: float = DEFAULT_CLAIM_TTL_S,
+        max_held: int = DEFAULT_MAX_HELD,
     ) -> None:
         self.dsn = dsn
         self.database = dsn.database
@@ -119,6 +135,8 @@ class Store:
         self._lock = threading.Lock()
         self._q: deque = deque()
         self._max_queue = max_queue
+        self._max_held = max_held
+        self.disk = DiskState()  # guarded by self._lock, shared with the writer
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._closed = False
         self._seq = 0
@@ -156,6 +174,7 @@ class Store:
             batch_rows=batch_rows,
             flush_interval_s=flush_interval_s,
             claims=self.claims,
+            disk=self.disk,
         )
         self._writer.client = client
         self._writer.start()
@@ -200,6 +219,9 @@ class Store:
     def write_run(self, outcome: Outcome) -> None:
         """Queue one ``runs`` row. Durable (WAL) on return; never blocks on ClickHouse.
 
+        Raises :class:`RecordNotDurable` when it is not durable (see the class): then the
+        store holds nothing of it, and the record must be offered again later.
+
         A record that cannot become a row (e.g. a timestamp past year 2299) is not dropped:
         it goes to ``dead_letter`` with its raw text and the reason.
         """
@@ -208,7 +230,7 @@ class Store:
         except Exception as ex:  # the contract: never raise into the guard
             self._dead_letter("runs", outcome, ex)
             return
-        self._accept("r", line, run_id)
+        self._accept("r", line, run_id, durable=True)
 
     def write_decision(self, record: DecisionRecord) -> None:
         """Queue one ``decisions`` row. Same guarantees as :meth:`write_run`."""
@@ -252,26 +274,55 @@ class Store:
             self._counters["dead_lettered"] += 1
         self._accept("x", dead_letter_row(table, "", error, raw), "")
 
-    def _accept(self, kind: str, row: str, key: str) -> None:
+    def _accept(self, kind: str, row: str, key: str, *, durable: bool = False) -> None:
+        """``durable``: the caller acknowledges the record on return (a run record), so a
+        record that did not reach the WAL raises RecordNotDurable instead of being kept in
+        memory only. Other records (decisions, dead letters) are kept in memory then."""
         try:
-            self._accept_locked(kind, row, key)
-        except Exception:  # the contract: never raise into the guard
+            self._accept_locked(kind, row, key, durable)
+        except RecordNotDurable:
+            if durable:
+                raise
+        except Exception as ex:  # the contract: never raise into the guard
             log.exception("store: accepting a %s record failed", kind)
+            if durable:  # whatever went wrong, the record may not be in the WAL
+                raise RecordNotDurable(f"accepting the record failed: {ex}") from ex
 
-    def _accept_locked(self, kind: str, row: str, key: str) -> None:
+    def _accept_locked(self, kind: str, row: str, key: str, durable: bool) -> None:
         w = self._writer
         with self._lock:
             if self._closed:
+                if durable:
+                    raise RecordNotDurable("the store is closed")
                 self._counters["dropped"] += 1
                 log.error("store: DROPPED a %s record written after close()", kind)
                 return
-            self._seq = seq = self._seq + 1
+            disk = self.disk
+            if w.held_rows >= self._max_held:
+                # Acknowledged records wait in memory for space: taking more would grow that
+                # without bound, and dropping the oldest would lose acknowledged records.
+                if durable:
+                    disk.refused += 1
+                    raise RecordNotDurable(
+                        f"{w.held_rows} acknowledged records held in memory (max "
+                        f"{self._max_held}) until the data dir can be written again"
+                    )
+                self._counters["dropped"] += 1
+                return  # a decision: nobody acknowledged it (counted, the episode is logged)
+            seq = self._seq + 1
             wal_ok = True
             try:
                 self._wal.append_record(seq, kind, row)
             except OSError as ex:
+                disk.failed("WAL append", ex)
+                if durable:
+                    disk.refused += 1
+                    raise RecordNotDurable(f"WAL append failed: {ex}") from ex
                 wal_ok = False
-                log.error("store: WAL append failed (%s); record kept in memory only", ex)
+            else:
+                if disk.full and not w.held_rows:  # the WAL takes records again: recovered
+                    disk.cleared()
+            self._seq = seq  # only now: a refused record leaves no gap in the sequence
             q = self._q
             if len(q) < self._max_queue:
                 q.append((seq, kind, row, key))
@@ -295,11 +346,27 @@ class Store:
         """queued, written, spooled, replayed, dropped, dead_lettered, deduplicated, pending;
         with record claims (``redis_url``) also records_claimed_elsewhere (dropped: another
         replica holds them), records_unclaimed (stored while Redis was unreachable) and
-        records_claim_conflicts (of those, the ones another replica stored too)."""
+        records_claim_conflicts (of those, the ones another replica stored too).
+
+        The disk condition: disk_full (1 while the data dir cannot be written, or records
+        wait in memory for it), held (acknowledged records kept in memory because neither
+        ClickHouse nor the spool took them), refused (run records not acknowledged because
+        they could not be made durable) and disk_full_episodes."""
         with self._lock:
             out = dict(self._counters)
             out["pending"] = len(self._q)
+            out["disk_full"] = int(self.disk.full)
+            out["held"] = self._writer.held_rows
+            out["refused"] = self.disk.refused
+            out["disk_full_episodes"] = self.disk.episodes
         return out
+
+    @property
+    def disk_full(self) -> bool:
+        """True while the data dir cannot be written or acknowledged records wait in memory
+        for it: new run records are refused (not acknowledged) meanwhile, unless the WAL
+        takes them."""
+        return self.disk.full
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until everything accepted so far is in ClickHouse. False on timeout."""
@@ -321,6 +388,8 @@ class Store:
                 return False
             if durable_ok and w.caught_up and w.failed_at > start:
                 return False
+            if durable_ok and w.held_rows and w.held_failed_at > start:
+                return False  # the disk refused the held records again: they stay in the WAL
             w.wake.set()
         return False
 

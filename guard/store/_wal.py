@@ -136,7 +136,10 @@ class Wal:
         # One write() per line: the kernel has the whole line before we return, so a killed
         # process never leaves a record half-acknowledged.
         n = os.write(self._fd, data)
-        if n != len(data):  # short write: disk full; the torn line is skipped on recovery
+        if n != len(data):  # short write: disk full
+            # Cut the torn tail: the next line appended after it would otherwise be glued to
+            # it, and the record in that next line (acknowledged) unreadable on recovery.
+            os.ftruncate(self._fd, self._size)
             raise OSError(28, f"short WAL write ({n} of {len(data)} bytes)")
         self._size += n
 
@@ -145,11 +148,21 @@ class Wal:
             os.close(self._fd)
             assert self._path is not None
             self._closed.append((self._path, self._max_seq))
-        self._path = self.dir / f"seg-{self._next_index:08d}.log"
+            self._fd = -1
+            self._path = None
+        path = self.dir / f"seg-{self._next_index:08d}.log"
         self._next_index += 1
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         header = (_DUMPS({"e": self.epoch}) + "\n").encode()
-        self._size = os.write(self._fd, header)
+        try:
+            if os.write(fd, header) != len(header):
+                raise OSError(28, "short WAL header write")
+        except OSError:
+            # A segment without its header is not kept: the next append opens a fresh one.
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._fd, self._path, self._size = fd, path, len(header)
 
     def fsync(self) -> None:
         if self._fd >= 0:

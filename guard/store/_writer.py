@@ -7,6 +7,13 @@ marks the batch in the WAL with a token that is a pure function of the batch
 ``insert_deduplication_token`` and then marks it done. While the spool holds anything, new
 batches go behind it so ClickHouse receives batches in order. Rows ClickHouse refuses as bad
 data go to ``dead_letter`` (``_isolate``); they never block the rows behind them.
+
+Disk full: a batch that neither ClickHouse nor the spool takes is *held* in memory (its
+records are acknowledged and in the WAL), in order, and every later batch queues behind it.
+The WAL's "done" marker never passes the first held record, so a crash meanwhile recovers
+them from the WAL. Each cycle whose jittered backoff is due (``_diskfull.DiskState``) tries
+to spool the held batches again; the spool then replays them like any other, with their
+tokens, so each is written once.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 from guard.store._claims import RecordClaims
 from guard.store._dedup import CommittedRuns, RecentIds, without
+from guard.store._diskfull import DiskState, probe_writable
 from guard.store._isolate import bisect_insert, keep_on_disk, split_rows
 from guard.store._rows import dead_letter_row
 from guard.store._schema import DEAD_LETTER_COLUMNS, DECISION_COLUMNS, RUN_COLUMNS
@@ -59,6 +67,7 @@ class Writer(threading.Thread):
         batch_rows: int,
         flush_interval_s: float,
         claims: RecordClaims | None = None,
+        disk: DiskState | None = None,
     ) -> None:
         super().__init__(name="otel-guard-store-writer", daemon=True)
         self.claims = claims  # fleet-wide record claims (serve --redis), else None
@@ -85,6 +94,15 @@ class Writer(threading.Thread):
         self._backoff_s = 0.0
         self._recent = RecentIds(_RECENT_RUN_IDS)
         self.committed = CommittedRuns(database)
+        self.disk = disk if disk is not None else DiskState()  # shared with the store (lock)
+        # Batches neither ClickHouse nor the spool took (disk full), in order:
+        # (kind, token, rows, lo). held_rows is read by the store under the lock.
+        self.held: deque[tuple[str, str, list[str], int]] = deque()
+        self.held_rows = 0
+        self.held_failed_at = 0.0  # monotonic time of the last failed attempt to spool them
+        self._held_written = 0  # spooled since the episode began (for the INFO line)
+        self._done_hi = 0  # every record up to this seq was processed (delivered or held)
+        self._marked_hi = 0  # the WAL's last "done" marker
 
     # -- thread ---------------------------------------------------------------------------
 
@@ -95,6 +113,7 @@ class Writer(threading.Thread):
             stopping = self.stopping
             try:
                 self._drain()
+                self._retry_held()
                 self._replay()
                 if self.claims is not None:  # what was stored while Redis was down
                     self._c["records_claim_conflicts"] += self.claims.backfill()
@@ -103,10 +122,13 @@ class Writer(threading.Thread):
                 time.sleep(0.2)
             with self._lock:  # set idle under the lock: _accept clears it under the lock
                 caught_up = self._next_seq > self.last_seq and not self.overflow
+                caught_up = caught_up and not self.held  # held: in memory (and the WAL) only
                 self.caught_up = caught_up
                 if caught_up and not self._spool.pending:
                     self.idle.set()
-            if stopping and caught_up:
+            # Stopping with records held (the disk refused them this cycle): they stay in
+            # the WAL, which close() keeps, and the next open recovers them.
+            if stopping and (caught_up or self.held):
                 return
 
     def _drain(self) -> None:
@@ -161,19 +183,34 @@ class Writer(threading.Thread):
                     self._wal.mark_batch(kind.lower(), lo, hi, token, excluded, final)
             self._wal.fsync()
         except OSError as ex:  # markers only make a crash-replay reuse the token: go on
-            log.error(
+            (log.debug if self.disk.full else log.error)(
                 "store: WAL marker write failed (%s); delivering batch %d-%d anyway", ex, lo, hi
             )
         for kind, token, rows, _, _ in batches:
             if rows:
-                self._deliver(kind, token, rows)
+                self._deliver(kind, token, rows, lo)
+        self._done_hi = hi
+        self._mark_done()
+        self._next_seq = hi + 1
+
+    def _mark_done(self) -> None:
+        """Mark the WAL done up to the last processed record, but never past the first
+        held one: held records exist in memory only, besides the WAL."""
+        done = self._held_lo() - 1 if self.held else self._done_hi
+        if done <= self._marked_hi:
+            return
         try:
             with self._lock:
-                self._wal.mark_done(hi)
-                self._wal.retire(hi)
-        except OSError as ex:
-            log.error("store: WAL done-marker write failed (%s)", ex)
-        self._next_seq = hi + 1
+                self._wal.mark_done(done)
+                self._wal.retire(done)
+            self._marked_hi = done
+        except OSError as ex:  # marked again after the next batch
+            (log.debug if self.disk.full else log.error)(
+                "store: WAL done-marker write failed (%s)", ex
+            )
+
+    def _held_lo(self) -> int:
+        return self.held[0][3]
 
     def _runs_batch(
         self, token: str, batch_rows: list[str], batch_ids: list[str]
@@ -225,15 +262,16 @@ class Writer(threading.Thread):
     # -- delivery -------------------------------------------------------------------------
 
     def _live(self) -> bool:
-        """May a batch go to ClickHouse now (nothing spooled ahead of it, not backing off)?"""
-        return not self._spool.pending and time.monotonic() >= self._down_until
+        """May a batch go to ClickHouse now (nothing spooled or held ahead of it, not
+        backing off)?"""
+        return not self.held and not self._spool.pending and time.monotonic() >= self._down_until
 
     def _client(self) -> Any:
         if self.client is None:
             self.client = self._client_factory()
         return self.client
 
-    def _deliver(self, kind: str, token: str, rows: list[str]) -> None:
+    def _deliver(self, kind: str, token: str, rows: list[str], lo: int) -> None:
         if kind != "r" and self._live():  # "r": not checked against ClickHouse: spool it
             try:
                 self._insert_isolating(kind, token, rows)
@@ -241,7 +279,7 @@ class Writer(threading.Thread):
                 return
             except Exception as ex:
                 self._mark_down(ex)
-        self._to_spool(kind, token, rows)
+        self._to_spool(kind, token, rows, lo)
 
     def _insert_isolating(self, kind: str, token: str, rows: list[str]) -> int:
         """Insert; rows refused as bad data go to dead_letter. Returns rows delivered."""
@@ -278,20 +316,60 @@ class Writer(threading.Thread):
         keep_on_disk(path, table, token, bad)
         log.error("store: %d dead-letter records kept in %s", len(bad), path)
 
-    def _to_spool(self, kind: str, token: str, rows: list[str]) -> None:
-        try:
-            self._spool.append(kind, token, rows)
+    def _to_spool(self, kind: str, token: str, rows: list[str], lo: int) -> None:
+        """Spool a batch ClickHouse did not take; when the spool cannot be written either
+        (or batches are held already: the spool must keep their order), hold it."""
+        if not self.held:
+            try:
+                self._spool.append(kind, token, rows)
+            except OSError as ex:
+                with self._lock:
+                    self.disk.failed("spool write", ex)
+            else:
+                if kind != "x":
+                    self._c["spooled"] += len(rows)
+                return
+        with self._lock:
+            self.held.append((kind, token, rows, lo))
+            self.held_rows += len(rows)
+            self.held_failed_at = time.monotonic()
+
+    def _retry_held(self) -> None:
+        """Spool the held batches, in order, when the backoff is due; probe the data dir
+        when nothing is held but the disk was found full (a refused WAL append): the
+        condition ends when the disk takes writes again."""
+        disk = self.disk
+        if not disk.full or not disk.due():
+            return
+        if not self.held:
+            error = probe_writable(self._spool.path.parent)
+            with self._lock:
+                if error is None and not self.held:
+                    disk.cleared()
+                else:
+                    disk.backoff()
+            return
+        while self.held:
+            kind, token, rows, _ = self.held[0]
+            try:
+                self._spool.append(kind, token, rows)
+            except OSError as ex:
+                with self._lock:
+                    self.held_failed_at = time.monotonic()
+                    disk.backoff()
+                log.debug("store: the held batches still cannot be spooled: %s", ex)
+                self._mark_done()
+                return
+            with self._lock:
+                self.held.popleft()
+                self.held_rows -= len(rows)
             if kind != "x":
                 self._c["spooled"] += len(rows)
-        except OSError as ex:
-            with self._lock:
-                self._c["dropped"] += len(rows)
-            log.error(
-                "store: DROPPED %d %s records: ClickHouse unreachable and spool write failed: %s",
-                len(rows),
-                _TABLES[kind][0],
-                ex,
-            )
+            self._held_written += len(rows)
+        self._mark_done()
+        with self._lock:
+            disk.cleared(self._held_written)
+        self._held_written = 0
 
     def _replay(self) -> None:
         while self._spool.pending and time.monotonic() >= self._down_until:
