@@ -65,6 +65,15 @@ class AllowanceDesk:
         with self._client._lock:
             self._waits.pop(rid, None)
 
+    def on_reject(self, request_id: int) -> None:
+        """The guard refused the AllowanceRequest ``request_id``: its waiter gets ``None``
+        (no new ceilings: the call goes on as if the guard had not answered)."""
+        with self._client._lock:
+            wait = self._waits.pop(request_id, None)
+        if wait is not None and not wait[0].done():
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                wait[0].set_result(None)
+
     def on_allowance(self, a: pb.Allowance) -> None:
         """Guard -> agent: the root run's ceilings (latest wins; ttl 0 = fall back now)."""
         from guard.sdk._reserve import Ceilings, pending_tenant_stop

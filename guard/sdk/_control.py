@@ -72,6 +72,8 @@ class ControlClient(ControlStream):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[pb.AgentMessage] | None = None
         self.unacked = PendingRecords()  # RunEnded records until the guard's RecordAck
+        # runs whose RunStarted the guard refused (control thread only; bounded, oldest out)
+        self.rejected_runs: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._draining = False  # shutdown is waiting for acknowledgements
         self._main: asyncio.Task[None] | None = None
         self._stopping = False
@@ -151,6 +153,27 @@ class ControlClient(ControlStream):
             pending = list(self._admissions)
         for rid in pending:
             self._resolve(rid, None)
+
+    def unregister(self, run_id: str, request_id: int = 0) -> None:
+        """The guard refused the run's RunStarted: the run goes on without the guard (fail
+        open, as when no guard answers): its admission wait ends with no answer, and it is
+        no longer a live run of the stream (a Hello after a reconnect would carry it again,
+        and be refused whole). Its RunEnded is still sent (the record may be kept)."""
+        with self._lock:
+            if request_id:  # the guard cuts a long run id: the request names the run
+                run_id = next(
+                    (rid for rid, r in self._runs.items() if _request_of(r) == request_id),
+                    run_id,
+                )
+            else:
+                request_id = next(
+                    (rid for rid, (_, r) in self._admissions.items() if r == run_id), 0
+                )
+            run = self._runs.get(run_id)
+            if run is not None and _request_of(run) in (request_id, None):
+                del self._runs[run_id]
+        if request_id:
+            self._resolve(request_id, None)
 
     def next_request_id(self) -> int:
         """A request id unique on this client (RunStarted, AllowanceRequest)."""
@@ -309,3 +332,8 @@ class ControlClient(ControlStream):
         q.put_nowait(_HALF_CLOSE)  # type: ignore[arg-type]  # after everything queued (FIFO)
         # The bound: a guard that never ends the stream does not hold the process.
         asyncio.get_running_loop().call_later(drain_s, main.cancel)
+
+
+def _request_of(run: Any) -> int | None:
+    """The request id of the run's RunStarted (``register`` sets it)."""
+    return getattr(run, "_request_id", None)

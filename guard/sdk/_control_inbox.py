@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
     from guard.sdk._runtime import Runtime
 
-__all__ = ["apply_policy", "handle"]
+__all__ = ["apply_policy", "handle", "on_reject"]
 
 log = logging.getLogger("guard.sdk.control")
 
@@ -52,8 +52,11 @@ def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
         return
     if kind == "reject":  # one message refused, the stream goes on (never acked back)
         r = msg.reject
-        if r.body == "run_ended" and client.unacked.reject(r.run_id, r.reason, r.code):
-            client.counters["records_rejected"] += 1
+        if r.body == "run_ended" and r.run_id:
+            if client.unacked.reject(r.run_id, r.reason, r.code):
+                client.counters["records_rejected"] += 1
+        else:
+            on_reject(client, r)
         return
     if kind == "allowance":  # not acked: ceilings are cumulative, a repeat is harmless
         client.allowances.on_allowance(msg.allowance)
@@ -85,6 +88,46 @@ def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
         ack = pb.Ack(command_id=msg.command_id, run_id=run_id, applied=bool(applied))
         client._enqueue(pb.AgentMessage(ack=ack))  # already on the loop thread
         client.counters["acks"] += 1
+
+
+_LOGGED_PER_KIND = 100  # refusals of one message kind logged one by one, then 1 in 1000
+_REJECTED_RUNS_KEPT = 1024  # run ids whose RunStarted was refused, for a repeat's Reject
+
+
+def on_reject(client: ControlClient, r: pb.Reject) -> None:
+    """The guard refused one message other than a RunEnded (it changed nothing there; it
+    would be refused again, so it is not sent again). Counted (``messages_rejected``,
+    ``rejected_<body>``) and logged at WARNING with the run and the reason. A refused
+    RunStarted: the run goes on under its local limits, as without a guard (its admission
+    wait ends now, and it is left out of the Hello after a reconnect and of the
+    heartbeats); a refused AllowanceRequest: its waiter gets no ceilings (fail-open)."""
+    body = r.body or "unknown"
+    if body == "run_started":
+        client.unregister(r.run_id, r.request_id)
+        # a run registered while the stream was being opened travels twice (in the Hello
+        # and on its own): one refusal, counted and logged once
+        seen = client.rejected_runs
+        if r.run_id in seen:
+            return
+        seen[r.run_id] = None
+        if len(seen) > _REJECTED_RUNS_KEPT:
+            seen.popitem(last=False)
+    elif body == "allowance_request" and r.request_id:
+        client.allowances.on_reject(r.request_id)
+    client.counters["messages_rejected"] += 1
+    client.counters[f"rejected_{body}"] += 1
+    n = client.counters[f"rejected_{body}"]
+    if n <= _LOGGED_PER_KIND or n % 1000 == 0:
+        log.warning(
+            "otel-guard: the guard refused a %s message%s (status %d: %s); it is not sent "
+            "again%s (%d refused so far)",
+            body,
+            f" of run {r.run_id}" if r.run_id else "",
+            r.code,
+            r.reason,
+            "; the run goes on under its local limits" if body == "run_started" else "",
+            n,
+        )
 
 
 def apply_policy(rt: Runtime, policy: pb.Policy) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from guard.policy import Budget
@@ -82,6 +83,7 @@ class ControlStream:
                 ],
                 ended_runs=self.unacked.acked_recently(),
                 accepts_batches=True,
+                agent_time_unix=time.time(),  # the guard measures this process's clock skew
             )
             await call.write(pb.AgentMessage(hello=hello))
             for m in self.unacked.all():  # every record the guard has not acknowledged

@@ -1,11 +1,16 @@
 """``GuardControl.Attach``: the bidirectional stream to one agent process.
 
 The servicer only adapts: a reader task turns AgentMessages into registry calls, the handler
-coroutine writes whatever the registry queued for this session. A protocol violation (no
-Hello first, an empty run id, another tenant's run) ends the stream with a clear status; a
-dropped stream detaches the session's runs (``agent_grace_s`` before ``agent_lost``). A
-termination record out of bounds is not a protocol violation: it is answered with a
-``Reject`` and the stream goes on (``_record_in``).
+coroutine writes whatever the registry queued for this session. Errors are per message:
+after the Hello, a message out of bounds (an empty or oversized run id, a counter or a cost
+past its bound, a second Hello, a kind this guard does not know, a batch over its limits,
+a message over :data:`MAX_CONTROL_MESSAGE_BYTES`) is answered with a ``Reject`` naming it
+and changes nothing, and the stream goes on; a termination record out of bounds is also
+dead-lettered (``_record_in``). Only what makes the stream itself unusable ends it, with a
+clear status: a failed authentication or another tenant's run or stream, a first message
+that is not a valid Hello, bytes that do not parse. A dropped stream detaches the
+session's runs (``agent_grace_s`` before ``agent_lost``). The Hello's clock tells the
+agent's skew (``_clocks``).
 
 Every message is validated whole against :mod:`guard.bounds` before any of it is applied
 (``guard.wire.check_*``), and a Hello re-registering many live runs is applied in slices of
@@ -15,7 +20,7 @@ cannot hold the loop (and every other tenant's decisions) for long.
 Batches (``AgentBatch`` / ``GuardBatch``) cut the grpc.aio cost per run, which is per stream
 message: every message is read from an agent's batch and applied in order, exactly as if it
 had come alone (a batch that holds a Hello or another batch, or more than
-``MAX_BATCH_MESSAGES``, ends the stream before any of it applies); whatever the registry
+``MAX_BATCH_MESSAGES``, is refused whole before any of it applies); whatever the registry
 queued for the session by the time the writer runs goes out as one GuardBatch (bounded:
 ``guard.wire.take_encoded``: serialized once, the batch framed as bytes), to an agent
 whose Hello set ``accepts_batches`` (any other gets one GuardMessage per write, as before).
@@ -25,18 +30,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from typing import Any
 
 import grpc
 
-from guard.errors import GuardError, InvalidInput
+from guard.errors import GuardError, InputTooLarge, InvalidInput
+from guard.server import _memtrim
+from guard.server._clocks import note_hello_clock
 from guard.server._fanout import AgentSession
-from guard.server._record_in import end_record
+from guard.server._record_in import end_record, mend_started, refuse_message
 from guard.server._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 from guard.wire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_MESSAGES,
     check_allowance_request,
     check_batch,
     check_heartbeat,
@@ -50,13 +60,20 @@ from guard.wire import (
 __all__ = [
     "HELLO_CHECK_SLICE",
     "HELLO_SLICE",
+    "MAX_CONTROL_MESSAGE_BYTES",
     "ControlServicer",
+    "Oversize",
     "add_to_server",
     "apply_message",
+    "refuse",
 ]
 
 HELLO_SLICE = 32  # Hello.live_runs registered between two yields to the event loop
 HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
+# The largest AgentMessage read: the largest batch the SDK makes (its messages' bytes, their
+# framing, the batch's own), so no message a well-behaved agent sends is refused for its
+# size; OTLP Export keeps the server's larger limit (``GuardServer.max_message_bytes``).
+MAX_CONTROL_MESSAGE_BYTES = MAX_BATCH_BYTES + 6 * MAX_BATCH_MESSAGES + 16
 
 
 def apply_message(
@@ -64,9 +81,12 @@ def apply_message(
 ) -> None:
     """One AgentMessage after the Hello (alone, or one of a batch): checked, applied (the
     caller then settles with shared budgets: ``budgets.sync``, when they settle). The control
-    reader's step, and the fuzz harness's in-process target's."""
+    reader's step, and the fuzz harness's in-process target's. Raises ``InvalidInput`` (the
+    reader answers it with a ``Reject``: :func:`refuse`) having changed nothing."""
     if body == "run_started":
         rs = msg.run_started
+        if mend_started(rs, time.time(), getattr(session, "clock_skew_s", None)):
+            registry.stats["runs_clock_mended"] = registry.stats.get("runs_clock_mended", 0) + 1
         check_run_started(rs)
         registry.register(session, rs, principal)
     elif body == "run_ended":
@@ -82,13 +102,64 @@ def apply_message(
         registry.budgets.request(session, msg.allowance_request, principal)
     elif body == "hello":
         raise InvalidInput("hello sent twice on one stream")
-    else:
-        raise InvalidInput("empty AgentMessage")
+    else:  # empty, or a kind this guard does not know (a newer agent's)
+        raise InvalidInput("empty or unknown AgentMessage")
+
+
+def refuse(registry: Any, session: AgentSession, msg: Any, body: str | None, exc: Any) -> None:
+    """Answer one AgentMessage that :func:`apply_message` (or the batch check) refused:
+    a ``Reject`` naming it, and the stream goes on (``_record_in.refuse_message``)."""
+    inner = getattr(msg, body) if body in _NAMED else None
+    refuse_message(
+        registry,
+        session,
+        body or "",
+        exc,
+        run_id=getattr(inner, "run_id", ""),
+        request_id=getattr(inner, "request_id", 0),
+    )
+
+
+_NAMED = frozenset({"run_started", "allowance_request", "ack"})  # bodies naming one run
+
+
+class Oversize:
+    """An AgentMessage over :data:`MAX_CONTROL_MESSAGE_BYTES`, never parsed: what the
+    Attach deserializer hands the reader instead (its kind read from its first byte)."""
+
+    __slots__ = ("body", "size")
+
+    def __init__(self, data: bytes) -> None:
+        self.size = len(data)
+        field = _ONEOF_FIELDS.get(data[0] >> 3) if data and data[0] < 0x80 else None
+        self.body = field or ""
+
+    def error(self) -> InputTooLarge:
+        return InputTooLarge(
+            f"control message of {self.size} bytes (max {MAX_CONTROL_MESSAGE_BYTES})"
+        )
+
+
+_ONEOF_FIELDS = {f.number: f.name for f in pb.AgentMessage.DESCRIPTOR.fields}
+
+
+def _deserialize(data: bytes) -> Any:
+    """The Attach stream's request deserializer. The server's receive limit is OTLP's (one
+    grpc option for every method); a control message beyond the batch limit is refused here,
+    before protobuf builds Python objects of it (8 MB of run id would otherwise become an
+    8 MB string and its copies)."""
+    if len(data) > MAX_CONTROL_MESSAGE_BYTES:
+        return Oversize(data)
+    return _parse(data)
+
+
+_parse = pb.AgentMessage.FromString
 
 
 class ControlServicer(guard_pb2_grpc.GuardControlServicer):
     def __init__(self, app: Any) -> None:
         self.app = app
+        _memtrim.tune_allocator()  # memory of large refused messages goes back (see there)
 
     async def Attach(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         app = self.app
@@ -98,15 +169,30 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
         except GuardError as exc:
             await abort_for(context, exc)
         session = AgentSession(uuid.uuid4().hex, principal.tenant, registry.log, registry.clock)
+        session.clock_skew_s = None  # agent clock minus guard clock, from the Hello
         app.attach_session(session)
 
         batches = False  # the agent's Hello said it reads GuardMessage.batch
+
+        async def apply(msg: pb.AgentMessage, body: str | None) -> None:
+            try:
+                apply_message(registry, session, msg, body, principal)
+            except InvalidInput as exc:  # one message out of bounds: refused, it alone
+                refuse(registry, session, msg, body, exc)
+                return
+            if registry.budgets.settles:
+                await registry.budgets.sync()  # see _parts: settle with shared budgets
 
         async def read() -> None:
             nonlocal batches
             try:
                 first = True
                 async for msg in request_iterator:
+                    if type(msg) is Oversize:
+                        if first:  # no Hello, no stream
+                            raise msg.error()
+                        refuse_message(registry, session, msg.body, msg.error(), size=msg.size)
+                        continue
                     body = msg.WhichOneof("body")
                     if first:
                         if body != "hello":
@@ -115,18 +201,15 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         batches = msg.hello.accepts_batches
                         await self._hello(session, msg.hello, principal)
                     elif body == "batch":
-                        check_batch(msg.batch)  # then each message at its turn, as if alone
-                        settles = registry.budgets.settles
+                        try:
+                            check_batch(msg.batch)  # then each message at its turn, as if alone
+                        except InvalidInput as exc:  # none of it applies; the stream goes on
+                            refuse(registry, session, msg, body, exc)
+                            continue
                         for inner in msg.batch.messages:
-                            apply_message(
-                                registry, session, inner, inner.WhichOneof("body"), principal
-                            )
-                            if settles:
-                                await registry.budgets.sync()  # see _parts
+                            await apply(inner, inner.WhichOneof("body"))
                     else:
-                        apply_message(registry, session, msg, body, principal)
-                        if registry.budgets.settles:
-                            await registry.budgets.sync()  # see _parts: settle with shared budgets
+                        await apply(msg, body)
             except GuardError as exc:
                 session.error = exc
             except asyncio.CancelledError:
@@ -162,24 +245,50 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
 
     async def _hello(self, session: AgentSession, hello: pb.Hello, principal: Any) -> None:
         """The first message: checked whole, then welcomed, then its live runs registered in
-        slices (a large one takes its tenant's turn, see ``_fair``)."""
+        slices (a large one takes its tenant's turn, see ``_fair``). The Hello's own fields
+        out of bounds, or a live run of another tenant, end the stream before anything
+        applies; one live run out of bounds is refused on its own (a ``Reject`` for its
+        RunStarted, after the Welcome), as it would be when sent alone: a run the agent
+        registered while disconnected must not keep its whole process from the guard."""
         registry = self.app.registry
         check_hello(hello, live_runs=False)
         # authorise before welcoming: a refused stream gets no policy
         tenant = hello.tenant or (principal.tenant or "")
         principal.check_tenant(tenant, "the stream")
+        note_hello_clock(registry, session, hello)
+        skew, now = session.clock_skew_s, time.time()
+        refused: dict[int, InvalidInput] = {}
         big = len(hello.live_runs) > HELLO_SLICE
         async with self.app.turns.turn(principal.tenant) if big else contextlib.nullcontext():
-            # all or nothing: every live run is checked before any is applied
+            # every live run is checked before any is applied (start times put on the
+            # guard's clock first: a skewed agent clock is no reason to refuse)
             for i, rs in enumerate(hello.live_runs, 1):
-                check_run_started(rs)
+                mend_started(rs, now, skew)
+                try:
+                    check_run_started(rs)
+                except InvalidInput as exc:
+                    refused[i] = exc
                 principal.check_tenant(rs.tenant or tenant)
                 if i % HELLO_CHECK_SLICE == 0:
                     await asyncio.sleep(0)
             session.send("welcome", self._welcome(session))
             registry.hello(session, hello, principal, restore=False)
             for i, rs in enumerate(hello.live_runs, 1):
-                registry.register(session, rs, principal, restoring=True)
+                exc = refused.get(i)
+                if exc is None:
+                    try:
+                        registry.register(session, rs, principal, restoring=True)
+                    except InvalidInput as err:
+                        exc = err
+                if exc is not None:
+                    refuse_message(
+                        registry,
+                        session,
+                        "run_started",
+                        exc,
+                        run_id=rs.run_id,
+                        request_id=rs.request_id,
+                    )
                 if i % HELLO_SLICE == 0:
                     await asyncio.sleep(0)
 
@@ -210,7 +319,7 @@ def add_to_server(servicer: ControlServicer, server: Any) -> None:
     handlers = {
         "Attach": grpc.stream_stream_rpc_method_handler(
             servicer.Attach,
-            request_deserializer=pb.AgentMessage.FromString,
+            request_deserializer=_deserialize,
             response_serializer=_serialize,
         )
     }

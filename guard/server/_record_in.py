@@ -26,6 +26,8 @@ from google.protobuf import text_format
 from guard.bounds import MAX_FUTURE_S, MAX_ID_CHARS, MAX_RECORD_AGE_S, MAX_TEXT_CHARS, MIN_UNIX_S
 from guard.errors import InvalidInput
 from guard.policy import DecidedBy, Reason, Status
+from guard.server._clocks import SKEW_NOTABLE_S
+from guard.server._memtrim import after_refusal
 from guard.server._status import status_for
 from guard.wire import outcome_from_pb
 
@@ -34,7 +36,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._fanout import AgentSession
     from guard.v1 import guard_pb2 as pb
 
-__all__ = ["MAX_REASON_CHARS", "end_record", "mend_clock", "timestamp_ok"]
+__all__ = [
+    "MAX_REASON_CHARS",
+    "end_record",
+    "mend_clock",
+    "mend_started",
+    "refuse_message",
+    "timestamp_ok",
+]
 
 log = logging.getLogger("guard.server")
 MAX_REASON_CHARS = 512  # Reject.reason: one line, enough for any bound's words
@@ -79,6 +88,27 @@ def mend_clock(outcome: pb.Outcome, now: float) -> bool:
     return True
 
 
+def mend_started(rs: pb.RunStarted, now: float, skew_s: float | None) -> bool:
+    """Put, in place, a RunStarted's (or a Hello live run's) ``started_at_unix`` on the
+    guard's clock: minus the agent's clock skew seen at its Hello (``skew_s``, agent minus
+    guard) when that is beyond :data:`~guard.server._clocks.SKEW_NOTABLE_S`, then, if still
+    outside :func:`timestamp_ok`'s bounds, the receive time ``now``. An agent clock a day
+    ahead or years behind so neither gets its run refused nor its deadline eaten (a
+    re-registered run's deadline resumes from its start time). True when it changed."""
+    started = rs.started_at_unix
+    if started == 0.0:
+        return False
+    mended = started
+    if skew_s is not None and abs(skew_s) > SKEW_NOTABLE_S and math.isfinite(started):
+        mended = started - skew_s
+    if not timestamp_ok(mended, now):
+        mended = now
+    if mended == started:
+        return False
+    rs.started_at_unix = mended
+    return True
+
+
 def end_record(
     registry: Any, session: AgentSession, outcome: pb.Outcome, principal: Principal
 ) -> None:
@@ -109,9 +139,66 @@ def _refuse(
     registry.stats["records_rejected"] = registry.stats.get("records_rejected", 0) + 1
     kept = _dead_letter(registry.sink, outcome, run_id, f"{code.name}: {reason}")
     _end_live_run(registry, session, run_id, reason, principal)
-    msg, body = session.compose("reject")
-    body.run_id, body.body, body.reason = run_id, "run_ended", reason
-    body.code, body.dead_lettered = code.value[0], kept
+    _post_reject(session, "run_ended", run_id, reason, code, dead_lettered=kept)
+
+
+def refuse_message(
+    registry: Any,
+    session: AgentSession,
+    body: str,
+    exc: InvalidInput,
+    *,
+    run_id: str = "",
+    request_id: int = 0,
+    size: int = 0,
+) -> None:
+    """Answer one refused AgentMessage (not a RunEnded: :func:`end_record` refuses those)
+    with a ``Reject`` naming its kind, its run and request when it has them, the reason
+    and the status code; the caller applies nothing of it and the stream goes on. Counted
+    (``messages_rejected`` and ``control_rejected_<body>``); the session's first refusal is logged
+    at WARNING, the rest are counted only (a broken agent may send thousands). ``size``:
+    the refused message's bytes when known, for :func:`~guard.server._memtrim.after_refusal`
+    (memory a large refused message took goes back to the system)."""
+    body = body or "unknown"
+    reason = " ".join(str(exc).split())[:MAX_REASON_CHARS]
+    code = status_for(exc)
+    stats = registry.stats
+    stats["messages_rejected"] = stats.get("messages_rejected", 0) + 1
+    key = f"control_rejected_{body}"
+    stats[key] = stats.get(key, 0) + 1
+    run_id = run_id[:MAX_ID_CHARS]
+    refused = getattr(session, "messages_rejected", 0) + 1
+    session.messages_rejected = refused
+    if refused == 1:
+        log.warning(
+            "guard: refused a %s from agent process %.80r (run %.80r): %s: %s (the stream "
+            "goes on; further refusals on this stream are counted, not logged)",
+            body,
+            session.process_id,
+            run_id,
+            code.name,
+            reason,
+        )
+    _post_reject(session, body, run_id, reason, code, request_id=request_id)
+    if size:
+        after_refusal(size)
+
+
+def _post_reject(
+    session: AgentSession,
+    body: str,
+    run_id: str,
+    reason: str,
+    code: Any,
+    *,
+    dead_lettered: bool = False,
+    request_id: int = 0,
+) -> None:
+    msg, reject = session.compose("reject")
+    reject.run_id, reject.body, reject.reason = run_id, body, reason
+    reject.code, reject.dead_lettered = code.value[0], dead_lettered
+    if request_id:
+        reject.request_id = request_id
     session.post(msg)
 
 

@@ -115,7 +115,7 @@ class Outcome(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., agent: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., elapsed_ms: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., last_tool: _Optional[str] = ..., last_action_hash: _Optional[str] = ..., loop_hits: _Optional[int] = ..., partial_result: _Optional[bool] = ..., recoverable: _Optional[bool] = ..., decided_by: _Optional[str] = ..., price_book_version: _Optional[str] = ..., started_at_unix: _Optional[float] = ..., ended_at_unix: _Optional[float] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("process_id", "host", "pid", "tenant", "sdk_version", "live_runs", "ended_runs", "accepts_batches")
+    __slots__ = ("process_id", "host", "pid", "tenant", "sdk_version", "live_runs", "ended_runs", "accepts_batches", "agent_time_unix")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class Hello(_message.Message):
     LIVE_RUNS_FIELD_NUMBER: _ClassVar[int]
     ENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIME_UNIX_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     host: str
     pid: int
@@ -132,7 +133,8 @@ class Hello(_message.Message):
     live_runs: _containers.RepeatedCompositeFieldContainer[RunStarted]
     ended_runs: _containers.RepeatedScalarFieldContainer[str]
     accepts_batches: bool
-    def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ..., ended_runs: _Optional[_Iterable[str]] = ..., accepts_batches: _Optional[bool] = ...) -> None: ...
+    agent_time_unix: float
+    def __init__(self, process_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., tenant: _Optional[str] = ..., sdk_version: _Optional[str] = ..., live_runs: _Optional[_Iterable[_Union[RunStarted, _Mapping]]] = ..., ended_runs: _Optional[_Iterable[str]] = ..., accepts_batches: _Optional[bool] = ..., agent_time_unix: _Optional[float] = ...) -> None: ...
 
 class RunStarted(_message.Message):
     __slots__ = ("run_id", "trace_id", "parent_run_id", "tenant", "agent", "requested", "started_at_unix", "usage", "request_id", "span_seq")
@@ -362,18 +364,20 @@ class GuardMessage(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., sent_at_unix: _Optional[float] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., deny: _Optional[_Union[Directive, _Mapping]] = ..., warn: _Optional[_Union[Directive, _Mapping]] = ..., wrap_up: _Optional[_Union[Directive, _Mapping]] = ..., cancel: _Optional[_Union[Directive, _Mapping]] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., record_ack: _Optional[_Union[RecordAck, _Mapping]] = ..., allowance: _Optional[_Union[Allowance, _Mapping]] = ..., batch: _Optional[_Union[GuardBatch, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
 
 class Reject(_message.Message):
-    __slots__ = ("run_id", "body", "code", "reason", "dead_lettered")
+    __slots__ = ("run_id", "body", "code", "reason", "dead_lettered", "request_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     body: str
     code: int
     reason: str
     dead_lettered: bool
-    def __init__(self, run_id: _Optional[str] = ..., body: _Optional[str] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ...) -> None: ...
+    request_id: int
+    def __init__(self, run_id: _Optional[str] = ..., body: _Optional[str] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., request_id: _Optional[int] = ...) -> None: ...
 
 class GuardBatch(_message.Message):
     __slots__ = ("messages",)

@@ -78,24 +78,32 @@ class Remote:
         return self.unary(f"/guard.v1.GuardAdmin/{method}", body, who)
 
     def attach(self, bodies: Iterable[bytes], who: int) -> grpc.StatusCode:
+        """The stream's final status; the Rejects it carried (messages refused on their
+        own, the stream going on) are in :attr:`rejects`."""
         call = self.channel.stream_stream(_ATTACH)
+        self.rejects: list[pb.Reject] = []
         try:
-            for _ in call(iter(list(bodies)), metadata=self._md(who), timeout=self.timeout_s):
-                pass
+            for raw in call(iter(list(bodies)), metadata=self._md(who), timeout=self.timeout_s):
+                msg = pb.GuardMessage.FromString(raw)
+                inner = msg.batch.messages if msg.HasField("batch") else [msg]
+                self.rejects += [m.reject for m in inner if m.HasField("reject")]
         except grpc.RpcError as exc:
             return self._note(_ATTACH, exc.code(), exc.details())
         return self._note(_ATTACH, grpc.StatusCode.OK, None)
 
     def batch(self, f: Fuzzer, who: int) -> grpc.StatusCode:
         """A Hello then one AgentBatch of a drawn shape (:data:`~tests.server.fuzzing.BATCHES`):
-        a bad one is refused whole (its status, never OK) and its runs never registered."""
+        a bad one is refused whole (a Reject with its status in a stream that goes on, or
+        the stream ended before it, e.g. a bad token) and its runs never registered."""
         hello = pb.AgentMessage(hello=pb.Hello(process_id=f"b{who}", accepts_batches=True))
         msg, fresh = f.batch()
         kind = f.last_batch
         code = self.attach([hello.SerializeToString(), msg.SerializeToString()], who)
-        if BATCHES[kind] is not None:
-            if code == grpc.StatusCode.OK:
-                self.crashes.append(f"a {kind} batch was answered OK")
+        want = BATCHES[kind]
+        if want is not None:
+            refused = [r for r in self.rejects if r.body == "batch"]
+            if code == grpc.StatusCode.OK and [c.name for c in _codes(refused)] != [want]:
+                self.crashes.append(f"a {kind} batch was answered OK without its Reject")
             self.refused_run_ids.update(fresh)
         return code
 
@@ -185,3 +193,10 @@ def drive(remote: Remote, f: Fuzzer, n: int) -> int:
             remote.health_raw(f.mutate(b"\x0a\x00"), who)
             sent += 1
     return sent
+
+
+_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _codes(rejects: list[pb.Reject]) -> list[grpc.StatusCode]:
+    return [_BY_VALUE[r.code] for r in rejects]

@@ -121,9 +121,9 @@ async def test_unknown_runs_and_bad_requests(srv):
         assert got.ttl_s == 0 and not got.HasField("max_cost_usd")  # fall back to local
         req = pb.AllowanceRequest(run_id="x", request_id=4, cost_usd=float("nan"))
         await a.outbox.put(pb.AgentMessage(allowance_request=req))
-        with pytest.raises(Exception) as err:
-            await a.wait_for(lambda m: False, timeout=5)
-        assert "cost_usd" in str(err.value)
+        got = await a.wait_for(lambda m: m.WhichOneof("body") == "reject", timeout=5)
+        assert got.reject.request_id == 4 and "cost_usd" in got.reject.reason
+        assert a.error is None  # refused on its own: the stream goes on
     finally:
         await a.close()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import grpc
 from _hyp import examples
-from _wait import wait_until_async
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -109,11 +108,15 @@ async def test_a_bad_batch_is_refused_before_any_of_it_applies(sink):
         await agent.connect()
         hello = pb.AgentMessage(hello=pb.Hello(process_id="p2", tenant="acme"))
         await agent.send_batch(_started("bad1", 30, 1), hello)
-        await wait_until_async(lambda: agent.error is not None, what="the stream ends")
-        assert agent.error.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert "batch may not hold hello" in agent.error.details()
+        # refused whole, in the stream: the stream goes on
+        reject = (await agent.wait_for(lambda m: m.WhichOneof("body") == "reject")).reject
+        assert reject.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert reject.body == "batch" and "batch may not hold hello" in reject.reason
         assert "bad1" not in srv.registry.runs
         assert not [m for m in agent.messages if m.WhichOneof("body") == "admit"]
+        await agent.outbox.put(_started("good1", 32, 2))
+        await agent.wait_for(lambda m: m.WhichOneof("body") == "admit")
+        assert agent.error is None
         await agent.close()
 
 
@@ -123,12 +126,10 @@ async def test_an_oversized_batch_is_refused(sink):
         await agent.connect()
         acks = [pb.AgentMessage(ack=pb.Ack(command_id=1))] * (MAX_BATCH_MESSAGES + 1)
         await agent.send_batch(_started("big1", 31, 1), *acks)
-        await wait_until_async(lambda: agent.error is not None, what="the stream ends")
-        assert agent.error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert f"{MAX_BATCH_MESSAGES + 2} messages (max {MAX_BATCH_MESSAGES})" in (
-            agent.error.details()
-        )
-        assert "big1" not in srv.registry.runs
+        reject = (await agent.wait_for(lambda m: m.WhichOneof("body") == "reject")).reject
+        assert reject.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert f"{MAX_BATCH_MESSAGES + 2} messages (max {MAX_BATCH_MESSAGES})" in reject.reason
+        assert "big1" not in srv.registry.runs and agent.error is None
         await agent.close()
 
 

@@ -110,9 +110,9 @@ def test_each_batch_shape_in_process(kind):
 
 @pytest.mark.parametrize("kind", BAD_BATCHES)
 def test_a_bad_batch_over_grpc_is_refused_whole_with_a_clear_status(kind):
-    """The real servicer: the stream ends with the batch's status and a one-line reason that
-    says why, and not one run of the batch was registered; a valid batch on the same guard
-    registers its runs (so the check can fail)."""
+    """The real servicer: the batch is answered with a Reject carrying its status and a
+    one-line reason that says why, the stream goes on, and not one run of the batch was
+    registered; a valid batch on the same guard registers its runs (so the check can fail)."""
     sink = MemorySink()
     with ServerThread(fuzz_config(max_runs=60, auth=AUTH), environ=AUTH_ENV, sink=sink) as srv:
         remote = Remote(srv.address, ["acme-secret"])
@@ -126,11 +126,13 @@ def test_a_bad_batch_over_grpc_is_refused_whole_with_a_clear_status(kind):
         msg, fresh = f.batch(kind)
         call = remote.channel.stream_stream("/guard.v1.GuardControl/Attach")
         bodies = iter([hello.SerializeToString(), msg.SerializeToString()])
-        with pytest.raises(grpc.RpcError) as refused:
-            for _ in call(bodies, metadata=remote._md(0), timeout=10):
-                pass
-        assert refused.value.code().name == BATCHES[kind]
-        reason = refused.value.details()
+        got = [pb.GuardMessage.FromString(raw) for raw in call(bodies, metadata=remote._md(0))]
+        flat = [m for g in got for m in (g.batch.messages if g.HasField("batch") else [g])]
+        [refused] = [m.reject for m in flat if m.HasField("reject")]
+        assert refused.body == "batch"
+        code = next(c for c in grpc.StatusCode if c.value[0] == refused.code)
+        assert code.name == BATCHES[kind]
+        reason = refused.reason
         assert "\n" not in reason and ("batch" in reason or "message" in reason), reason
         assert not any(seen(fresh))
 

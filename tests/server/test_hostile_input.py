@@ -37,12 +37,6 @@ def errors_logged(caplog):
     return bad
 
 
-async def _stream_error(agent: Agent) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await agent.wait_for(lambda m: False, timeout=5.0)
-    return exc.value
-
-
 async def test_hello_restores_counters_in_constant_time_and_is_bounded(guard):
     """300 live runs of 1e9 steps restore exactly (the old loop stopped at 100k per run, after
     holding the event loop for 40 s); one more run than the bound refuses the whole Hello."""
@@ -68,13 +62,21 @@ async def test_hello_restores_counters_in_constant_time_and_is_bounded(guard):
     await agent.close()
 
 
-async def test_hello_is_applied_whole_or_not_at_all(guard):
-    live = [pb.RunStarted(run_id="ok1"), pb.RunStarted(run_id="x" * (MAX_ID_CHARS + 1))]
+async def test_a_bad_live_run_of_a_hello_is_refused_on_its_own(guard):
+    """Its RunStarted gets a Reject after the Welcome; the other live runs are registered."""
+    live = [
+        pb.RunStarted(run_id="ok1"),
+        pb.RunStarted(run_id="x" * (MAX_ID_CHARS + 1), request_id=4),
+        pb.RunStarted(run_id="ok2"),
+    ]
     agent = Agent(guard.address)
-    with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await agent.connect(live_runs=live)
-    assert exc.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "ok1" not in guard.registry.runs
+    await agent.connect(live_runs=live)
+    found = await agent.wait_for(lambda m: m.WhichOneof("body") == "reject")
+    assert found.reject.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert (found.reject.body, found.reject.request_id) == ("run_started", 4)
+    assert len(found.reject.run_id) == MAX_ID_CHARS
+    await wait_until_async(lambda: {"ok1", "ok2"} <= set(guard.registry.runs))
+    assert agent.error is None
     await agent.close()
 
 
@@ -82,7 +84,7 @@ async def test_hello_is_applied_whole_or_not_at_all(guard):
     ("outcome", "code", "text"),
     [
         ({"status": "exploded"}, grpc.StatusCode.INVALID_ARGUMENT, "outcome.status"),
-        ({"run_id": "r" * 8_000_000}, grpc.StatusCode.RESOURCE_EXHAUSTED, "outcome.run_id"),
+        ({"run_id": "r" * 8_000}, grpc.StatusCode.RESOURCE_EXHAUSTED, "outcome.run_id"),
         ({"message": "m" * 100_000}, grpc.StatusCode.RESOURCE_EXHAUSTED, "outcome.message"),
         (
             {"usage": pb.Usage(cost_usd=1e300)},
@@ -113,15 +115,23 @@ async def test_run_ended_out_of_bounds_is_refused(guard, sink, outcome, code, te
 
 
 async def test_run_started_out_of_bounds_is_refused(guard):
+    """Refused on its own (a Reject in the stream); an agent clock out of bounds is mended
+    instead (the run is admitted with the guard's receive time as its start)."""
     agent = Agent(guard.address)
     await agent.connect()
     await agent.outbox.put(
-        pb.AgentMessage(run_started=pb.RunStarted(run_id="s1", started_at_unix=math.inf))
+        pb.AgentMessage(run_started=pb.RunStarted(run_id="s1", trace_id="zz", request_id=7))
     )
-    err = await _stream_error(agent)
-    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert "started_at_unix" in err.details()
+    found = await agent.wait_for(lambda m: m.WhichOneof("body") == "reject")
+    assert found.reject.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert (found.reject.run_id, found.reject.request_id) == ("s1", 7)
+    assert "trace_id" in found.reject.reason
     assert "s1" not in guard.registry.runs
+    await agent.outbox.put(
+        pb.AgentMessage(run_started=pb.RunStarted(run_id="s2", started_at_unix=math.inf))
+    )
+    await agent.wait_for(lambda m: m.WhichOneof("body") == "admit" and m.admit.run_id == "s2")
+    assert agent.error is None
     await agent.close()
 
 
