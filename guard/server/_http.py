@@ -1,47 +1,64 @@
 """OTLP/HTTP receiver: ``POST /v1/traces`` (``serve --http-listen``), beside the gRPC port.
 
-An ``aiohttp.web`` application run by an ``AppRunner`` in the guard's own event loop, so a
-request is applied to the registry exactly as a gRPC Export is: the transport only adapts
-(auth header, content type, encoding, size) and hands the serialized request to
-:func:`guard.server._otlp.ingest_export`, the one decode-and-ingest path of both.
+An aiohttp server on an event loop of its own, in a daemon thread: HTTP parsing, body
+reading, gzip inflation and JSON conversion never run on the guard's main loop, so a flood
+of span requests does not delay the control plane (control streams, cancels, allowances).
+The one call into the guard's state, :func:`guard.server._otlp.ingest_export` (the one
+decode-and-ingest path of both transports, as a gRPC Export), is handed to the main loop and
+awaited there; so are the bumps of ``export_refusals``. ``app.draining`` and
+``app.auth.principal`` are pure reads and are used in the receiver's thread.
 
 Protocol (opentelemetry-proto ``docs/specification.md``, OTLP/HTTP):
 
 - bodies ``application/x-protobuf`` or ``application/json`` (the OTLP JSON mapping: hex
   trace/span ids, lowerCamelCase keys, enums as integers, int64 as strings or numbers,
-  unknown fields ignored); ``Content-Encoding: gzip`` allowed;
+  unknown fields ignored); ``Content-Encoding: gzip`` allowed, of one or more members;
 - 200 with an ``ExportTraceServiceResponse`` in the request's content type, its
   ``partial_success`` set only when spans were rejected; every 4xx/5xx carries a
   ``google.rpc.Status`` in that content type;
-- 400 bad data, 401 no or unknown token, 403 another tenant's scope, 404 another path, 405
-  another method, 408 a body slower than :data:`BODY_TIMEOUT_S`, 413 a body (compressed or
-  not) over ``max_body_bytes``, 415 another content type or encoding, 429 (load) and 503
-  (draining) with ``Retry-After``.
+- 400 bad data or a malformed request, 401 no or unknown token, 403 another tenant's scope,
+  404 another path, 405 another method, 408 a body slower than ``body_timeout_s``, 413 a body
+  (compressed, decompressed, or as announced by its chunks) over ``max_body_bytes`` or of
+  more than ``max_chunks`` chunks, 415 another content type or encoding, 431 a head over its
+  bounds, 429 (load) and 503 (draining, connection caps) with ``Retry-After``.
 
-Bounds: request line and header fields 8 KiB each, 64 headers; an idle or slow-header
-connection is closed after :data:`IDLE_TIMEOUT_S`; the bodies being processed at once hold at
-most :data:`INFLIGHT_FACTOR` × ``max_body_bytes`` (compressed plus decompressed), beyond
-which a request gets 429 instead of more memory.
+Bounds (attributes of :class:`HttpReceiver`, read per connection or request):
+
+- ``max_connections`` (:data:`MAX_CONNECTIONS`) open at once and ``max_connections_per_ip``
+  (:data:`MAX_CONNECTIONS_PER_IP`) from one client address: beyond, a new connection gets
+  503 with ``Retry-After`` and is closed;
+- ``max_requests`` (:data:`MAX_REQUESTS`) being handled at once: beyond, 429;
+- bodies held at once, compressed and decompressed, at most ``INFLIGHT_FACTOR`` ×
+  ``max_body_bytes`` (``budget``): beyond, 429; gzip is inflated in a worker thread, in steps
+  taken from that budget, and refused at ``max_body_bytes`` of output (a bomb costs no more);
+- request line and header fields 8 KiB each, 64 headers; ``max_chunks``
+  (:data:`MAX_CHUNKS`) chunks per chunked body, no chunk beyond ``max_body_bytes``;
+- an idle or slow-header connection is closed after ``idle_timeout_s``, a body not received
+  within ``body_timeout_s`` gets 408.
+
+Client mistakes are logged as one line at INFO, at most one per kind every few seconds; no
+response names the library or its version.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
+import math
 import ssl
-import zlib
+import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
-from google.rpc import status_pb2
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
-from guard.errors import ConfigError, GuardError, GuardUnavailable, InputTooLarge, InvalidInput
+from guard.errors import ConfigError, GuardError, GuardUnavailable, InputTooLarge
+from guard.server._httpbody import Budget, Hold, gunzip, json_to_export
+from guard.server._httpconn import SERVER_NAME, ConnectionCounts, HttpServer, LogLimiter, failure
 from guard.server._otlp import export_response, ingest_export
 from guard.server._status import Overloaded, status_for
 
@@ -49,6 +66,10 @@ __all__ = [
     "BODY_TIMEOUT_S",
     "IDLE_TIMEOUT_S",
     "INFLIGHT_FACTOR",
+    "MAX_CHUNKS",
+    "MAX_CONNECTIONS",
+    "MAX_CONNECTIONS_PER_IP",
+    "MAX_REQUESTS",
     "TRACES_PATH",
     "HttpReceiver",
     "http_status_for",
@@ -62,8 +83,12 @@ TRACES_PATH = "/v1/traces"
 BODY_TIMEOUT_S = 30.0  # a body not received within this gets 408 (slow clients)
 IDLE_TIMEOUT_S = 15.0  # idle keep-alive, and incomplete headers, are closed after this
 INFLIGHT_FACTOR = 4  # bodies held at once, in units of max_body_bytes
+MAX_CONNECTIONS = 1024  # open at once; beyond, 503
+MAX_CONNECTIONS_PER_IP = 256  # from one client address (a sidecar's clients share loopback)
+MAX_REQUESTS = 256  # handled at once; beyond, 429
+MAX_CHUNKS = 8192  # of one chunked body; beyond, 413
 RETRY_AFTER_S = 1
-_OFF_LOOP_BYTES = 64 * 1024  # bodies from this size are decompressed / converted off the loop
+_OFF_LOOP_BYTES = 64 * 1024  # JSON bodies from this size are converted in the worker
 _MAX_FIELD_BYTES = 8190
 _MAX_HEADERS = 64
 _PROTOBUF = "application/x-protobuf"
@@ -95,99 +120,11 @@ def http_status_for(exc: BaseException) -> int:
     return _HTTP.get(status_for(exc), 500)
 
 
-def _hex_to_b64(obj: dict[str, Any], *keys: str) -> None:
-    """OTLP/JSON carries ids as hex; the protobuf JSON mapping expects base64."""
-    for key in keys:
-        value = obj.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            raise InvalidInput(f"OTLP/JSON {key} must be a hex string, got {type(value).__name__}")
-        try:
-            raw = bytes.fromhex(value)
-        except ValueError:
-            raise InvalidInput(f"OTLP/JSON {key} {value[:40]!r} is not hex") from None
-        obj[key] = base64.b64encode(raw).decode()
-
-
-def _items(obj: Any, *keys: str) -> list[Any]:
-    if not isinstance(obj, dict):
-        return []
-    for key in keys:
-        value = obj.get(key)
-        if isinstance(value, list):
-            return value
-    return []
-
-
-def json_to_export(body: bytes) -> bytes:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` as protobuf bytes; ``InvalidInput`` if bad.
-
-    The proto3 JSON mapping (``json_format``, unknown fields ignored) after turning the hex
-    ids of spans and links into the mapping's base64. Original snake_case keys are accepted
-    too, as ``json_format`` does (the spec forbids senders to use them; being lenient costs
-    nothing here).
-    """
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        if not body.strip():  # no telemetry at all: a success, as an empty protobuf body
-            return b""
-        raise InvalidInput(f"malformed OTLP/JSON body ({len(body)} bytes): {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput(f"OTLP/JSON body must be an object, got {type(doc).__name__}")
-    for rs in _items(doc, "resourceSpans", "resource_spans"):
-        for ss in _items(rs, "scopeSpans", "scope_spans"):
-            for sp in _items(ss, "spans"):
-                if not isinstance(sp, dict):
-                    continue  # json_format names the bad element
-                _hex_to_b64(sp, "traceId", "trace_id", "spanId", "span_id")
-                _hex_to_b64(sp, "parentSpanId", "parent_span_id")
-                for link in _items(sp, "links"):
-                    if isinstance(link, dict):
-                        _hex_to_b64(link, "traceId", "trace_id", "spanId", "span_id")
-    msg = otlp.ExportTraceServiceRequest()
-    try:
-        json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        raise InvalidInput(f"invalid OTLP/JSON ExportTraceServiceRequest: {reason}") from None
-    return msg.SerializeToString()
-
-
-def _gunzip(data: bytes, limit: int) -> bytes:
-    """Decompress a gzip body to at most ``limit`` bytes: a zip bomb costs ``limit``, no more."""
-    d = zlib.decompressobj(wbits=31)
-    try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise InvalidInput(f"gzip body ({len(data)} bytes) does not decompress: {exc}") from None
-    if len(out) > limit:
-        raise InputTooLarge(f"gzip body decompresses to more than max_body_bytes {limit}")
-    if not d.eof:
-        raise InvalidInput(f"gzip body ({len(data)} bytes) is truncated")
-    return out
-
-
-class _Budget:
-    """Bytes of request bodies held at once (single event loop: no lock needed)."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap, self.held = cap, 0
-
-    def take(self, n: int) -> None:
-        if self.held + n > self.cap:
-            raise Overloaded(
-                f"OTLP/HTTP bodies in flight at their bound ({self.held} + {n} > {self.cap} "
-                "bytes); retry later"
-            )
-        self.held += n
-
-
 class HttpReceiver:
-    """The OTLP/HTTP listener of a GuardServer-like ``app`` (``auth``, ``registry``, ``turns``,
-    ``draining``, ``export_refusals``). ``await start()`` binds and serves; ``await stop()``
-    lets in-flight requests finish within its grace, then closes."""
+    """The OTLP/HTTP listener of a GuardServer-like ``app`` (``auth``, ``intake``,
+    ``registry``, ``draining``, ``export_refusals``). ``await start()`` (on the guard's main
+    loop) starts the receiver's thread, binds and serves; ``await stop()`` lets in-flight
+    requests finish within its grace, then closes and ends the thread."""
 
     def __init__(
         self,
@@ -205,41 +142,45 @@ class HttpReceiver:
         self.ssl_context = ssl_context
         self.body_timeout_s = body_timeout_s
         self.idle_timeout_s = idle_timeout_s
-        self.budget = _Budget(INFLIGHT_FACTOR * self.max_body_bytes)
+        self.max_connections = MAX_CONNECTIONS
+        self.max_connections_per_ip = MAX_CONNECTIONS_PER_IP
+        self.max_requests = MAX_REQUESTS
+        self.max_chunks = MAX_CHUNKS
+        self.retry_after_s = RETRY_AFTER_S
+        self.budget = Budget(INFLIGHT_FACTOR * self.max_body_bytes)
+        self.connections = ConnectionCounts()  # the receiver's thread only
+        self.log_limiter = LogLimiter()  # the receiver's thread only
+        self.active = 0  # requests being handled (the receiver's thread only)
         self.port = 0
-        self._runner: web.AppRunner | None = None
+        self._runner: web.BaseRunner | None = None
         self._worker: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._refusals: Counter[str] = Counter()  # not yet added to app.export_refusals
+        self._refusals_lock = threading.Lock()
+        self._flush_scheduled = False
 
     @property
     def address(self) -> str:
         return f"{self.listen.rsplit(':', 1)[0]}:{self.port}"
 
+    # -- lifecycle (called on the main loop) -------------------------------------------------
     async def start(self, grace_s: float) -> HttpReceiver:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"--http-listen must be HOST:PORT, got {self.listen!r}", path="http")
-        webapp = web.Application(client_max_size=self.max_body_bytes)
-        webapp.router.add_route("*", "/{tail:.*}", self._handle)
-        webapp.on_response_prepare.append(_server_header)
-        runner = web.AppRunner(
-            webapp,
-            access_log=None,
-            shutdown_timeout=grace_s,
-            keepalive_timeout=self.idle_timeout_s,
-            max_line_size=_MAX_FIELD_BYTES,
-            max_field_size=_MAX_FIELD_BYTES,
-            max_headers=_MAX_HEADERS,
-            auto_decompress=False,  # decompressed here, bounded (see _gunzip)
+        self._main_loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(loop,), name="otel-guard-http", daemon=True
         )
-        await runner.setup()
-        site = web.TCPSite(runner, host.strip("[]"), int(port), ssl_context=self.ssl_context)
+        self._thread.start()
         try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise GuardUnavailable(f"could not bind --http-listen {self.listen}: {exc}") from None
-        self._runner = runner
-        self.port = runner.addresses[0][1]
+            await self._on_http_loop(self._serve(host.strip("[]"), int(port), grace_s))
+        except BaseException:
+            await self._end_thread()
+            raise
         return self
 
     async def stop(self, grace_s: float) -> None:
@@ -248,45 +189,114 @@ class HttpReceiver:
         if runner is None:
             return
         try:
-            await asyncio.wait_for(runner.cleanup(), timeout=grace_s + 1.0)
+            await asyncio.wait_for(self._on_http_loop(runner.cleanup()), timeout=grace_s + 1.0)
         except Exception:  # a timeout included: stopping must go on
             log.warning("OTLP/HTTP receiver did not close cleanly", exc_info=True)
+        await self._end_thread()
+        self._flush_refusals()
+
+    def _on_http_loop(self, coro: Any) -> asyncio.Future[Any]:
+        assert self._loop is not None
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def _end_thread(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, 10.0)
         if self._worker is not None:
             self._worker.shutdown(wait=False, cancel_futures=True)
+        self._loop = self._thread = None
 
-    async def _off_loop(self, fn: Any, data: bytes, *args: Any) -> bytes:
-        """``fn(data, *args)``; a large body's on the receiver's one worker thread.
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            loop.close()
 
-        JSON conversion runs at about 6k spans/s (pure Python in ``json_format``) and a 16 MiB
-        gzip body inflates for tens of ms: on the loop either would hold every cancel behind
-        it. In the worker the loop gets the GIL back at each switch interval (5 ms), and one
-        thread serialises such bodies (the in-flight budget bounds the queue)."""
-        if len(data) < _OFF_LOOP_BYTES:
-            return fn(data, *args)
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="otel-guard-http")
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, data, *args)
+    # -- the receiver's loop -------------------------------------------------------------------
+    async def _serve(self, host: str, port: int, grace_s: float) -> None:
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="otel-guard-http-body")
+        server = HttpServer(
+            self._handle,
+            receiver=self,
+            access_log=None,
+            max_line_size=_MAX_FIELD_BYTES,
+            max_field_size=_MAX_FIELD_BYTES,
+            max_headers=_MAX_HEADERS,
+            auto_decompress=False,  # decompressed here, bounded (see gunzip)
+        )
+        runner = web.ServerRunner(server, shutdown_timeout=grace_s)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, ssl_context=self.ssl_context)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise GuardUnavailable(f"could not bind --http-listen {self.listen}: {exc}") from None
+        self._runner = runner
+        self.port = runner.addresses[0][1]
 
-    # -- one request -----------------------------------------------------------------------
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _in_worker(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def _count_refusal(self, name: str) -> None:
+        """``app.export_refusals[name] += 1`` on the main loop (the Counter is not
+        thread-safe): queued here, added there by one pending callback at most."""
+        with self._refusals_lock:
+            self._refusals[name] += 1
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        try:
+            assert self._main_loop is not None
+            self._main_loop.call_soon_threadsafe(self._flush_refusals)
+        except RuntimeError:  # the main loop is closed: nobody reads them any more
+            pass
+
+    def _flush_refusals(self) -> None:
+        with self._refusals_lock:
+            counts, self._refusals = self._refusals, Counter()
+            self._flush_scheduled = False
+        self.app.export_refusals.update(counts)
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         media = request.content_type  # lowercased, parameters (charset) stripped
         as_json = media == _JSON
         try:
             body = await self._export(request, media)
         except _Refusal as exc:
-            return _failure(exc.http, 0, str(exc), as_json, exc.headers)
+            resp = failure(exc.http, 0, str(exc), as_json, exc.headers)
         except GuardError as exc:
-            self.app.export_refusals[status_for(exc).name] += 1
-            code = http_status_for(exc)
-            if code == 500:
-                log.exception("internal error in OTLP/HTTP export", exc_info=exc)
-            headers = {"Retry-After": str(RETRY_AFTER_S)} if code in (429, 503) else {}
-            if code == 401:
+            code = status_for(exc)
+            self._count_refusal(code.name)
+            http = http_status_for(exc)
+            if http == 500:
+                self.log_limiter.emit(
+                    "internal", logging.ERROR, "internal error in OTLP/HTTP export", exc_info=exc
+                )
+            headers = {}
+            if http in (429, 503):
+                retry = getattr(exc, "retry_after_s", None) or self.retry_after_s
+                headers["Retry-After"] = str(max(1, math.ceil(retry)))
+            if http == 401:
                 headers["WWW-Authenticate"] = "Bearer"
-            return _failure(code, status_for(exc).value[0], str(exc), as_json, headers)
-        return web.Response(body=body, content_type=media)
+            resp = failure(http, code.value[0], str(exc), as_json, headers)
+        else:
+            resp = web.Response(body=body, content_type=media, headers={"Server": SERVER_NAME})
+        content = request.content
+        if not content.is_eof() or content.exception() is not None:
+            resp.force_close()  # the body was not read to its end: the connection cannot go on
+        return resp
 
-    async def _export(self, request: web.Request, media: str) -> bytes:
+    async def _export(self, request: web.BaseRequest, media: str) -> bytes:
         if request.path != TRACES_PATH:
             raise _Refusal(
                 404, f"no such path {request.path[:100]!r}; OTLP traces go to /v1/traces"
@@ -296,6 +306,18 @@ class HttpReceiver:
         app = self.app
         if app.draining:
             raise GuardUnavailable("guard is draining; retry against another replica")
+        if self.active >= self.max_requests:
+            raise Overloaded(
+                f"OTLP/HTTP requests in flight at their bound ({self.max_requests}); retry later"
+            )
+        self.active += 1
+        try:
+            return await self._admitted(request, media)
+        finally:
+            self.active -= 1
+
+    async def _admitted(self, request: web.BaseRequest, media: str) -> bytes:
+        app = self.app
         principal = app.auth.principal(
             [("authorization", v) for v in request.headers.getall("Authorization", [])][:1]
         )
@@ -304,51 +326,62 @@ class HttpReceiver:
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
             raise _Refusal(415, f"content encoding {encoding[:40]!r}: use gzip or none")
+        limit = self.max_body_bytes
         size = request.content_length
-        if size is not None and size > self.max_body_bytes:
-            raise InputTooLarge(
-                f"body of {size} bytes exceeds max_body_bytes {self.max_body_bytes}"
-            )
-        held = size if size is not None else self.max_body_bytes
-        self.budget.take(held)
+        if size is not None and size > limit:
+            raise InputTooLarge(f"body of {size} bytes exceeds max_body_bytes {limit}")
+        hold = Hold(self.budget)
         try:
-            try:
-                async with asyncio.timeout(self.body_timeout_s):
-                    data = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise InputTooLarge(f"body exceeds max_body_bytes {self.max_body_bytes}") from None
-            except TimeoutError:
-                raise _Refusal(408, f"body not received within {self.body_timeout_s:g}s") from None
+            if size is not None:
+                hold.take(size)  # a slow body holds what it announced
+            if request.headers.get("Expect", "").lower() == "100-continue":
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            data = await self._read(request, limit, None if size is not None else hold)
             if encoding == "gzip":
-                self.budget.take(self.max_body_bytes)
-                held += self.max_body_bytes
-                data = await self._off_loop(_gunzip, data, self.max_body_bytes)
+                compressed = len(data)
+                data = await self._in_worker(gunzip, data, limit, hold.take)
+                hold.give(compressed)  # the compressed bytes are no longer held
             if media == _JSON:
-                data = await self._off_loop(json_to_export, data)
-            rejected, errors = await ingest_export(app, data, principal)
+                if len(data) >= _OFF_LOOP_BYTES:
+                    data = await self._in_worker(json_to_export, data)
+                else:
+                    data = json_to_export(data)
+            assert self._main_loop is not None
+            rejected, errors = await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(
+                    ingest_export(app, data, principal), self._main_loop
+                )
+            )
         finally:
-            self.budget.held -= held
+            hold.release()
         resp = export_response(rejected, errors)
         if media == _JSON:
             return json_format.MessageToJson(resp, indent=None).encode()
         return resp.SerializeToString()
 
-
-async def _server_header(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers["Server"] = "otel-guard"  # not the library and its version
-
-
-def _failure(
-    http: int, grpc_code: int, message: str, as_json: bool, headers: dict[str, str]
-) -> web.Response:
-    """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's content type (OTLP spec)."""
-    status = status_pb2.Status(code=grpc_code, message=message[:1000])
-    if as_json:
-        body = json_format.MessageToJson(status, indent=None).encode()
-        return web.Response(status=http, body=body, content_type=_JSON, headers=headers)
-    return web.Response(
-        status=http, body=status.SerializeToString(), content_type=_PROTOBUF, headers=headers
-    )
+    async def _read(self, request: web.BaseRequest, limit: int, hold: Hold | None) -> bytes:
+        """The body, at most ``limit`` bytes; ``hold`` (no Content-Length) takes each piece."""
+        parts: list[bytes] = []
+        total = 0
+        content = request.content
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while piece := await content.readany():
+                    total += len(piece)
+                    if total > limit:
+                        raise InputTooLarge(f"body exceeds max_body_bytes {limit}")
+                    if hold is not None:
+                        hold.take(len(piece))
+                    parts.append(piece)
+                if (exc := content.exception()) is not None:
+                    raise exc  # the body was refused by its framing (see Connection)
+        except TimeoutError:
+            raise _Refusal(408, f"body not received within {self.body_timeout_s:g}s") from None
+        except RequestPayloadError as exc:
+            raise _Refusal(400, f"malformed body: {exc}") from None
+        except ConnectionError:  # the client went away: nobody reads the answer
+            raise _Refusal(400, "connection lost while reading the body") from None
+        return b"".join(parts)
 
 
 def server_ssl_context(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
