@@ -33,11 +33,13 @@ from guard.policy import MetricsSettings, PolicyConfig, native_available
 from guard.server import _nativedecode
 from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
+from guard.server._clocks import skew_figures
 from guard.server._control import ControlServicer
 from guard.server._control import add_to_server as add_control
 from guard.server._fair import TenantTurns
 from guard.server._fanout import AgentSession
 from guard.server._intake import SpanIntake
+from guard.server._lifecycle import Readiness
 from guard.server._looplag import LoopLag
 from guard.server._ordered import OrderedSet
 from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
@@ -193,6 +195,14 @@ class GuardServer:
         out["runs_span_only"] = float(len(registry.span_only))
         out["sessions"] = float(len(self._sessions))
         out.update(self.intake.figures())
+        out.update(skew_figures(registry.sessions))  # the attached agents' clocks
+        counters = getattr(self.sink, "counters", None)
+        if callable(counters):  # the store's disk condition (a full disk refuses acks)
+            c = counters()
+            out["store_disk_full"] = float(c.get("disk_full", 0))
+            out["store_records_held"] = float(c.get("held", 0))
+            out["store_records_refused"] = float(c.get("refused", 0))
+        out["records_unwritten"] = float(len(registry.lifecycle.unwritten))
         out["tenants_known"] = float(len(registry.budgets.known()))
         # which span decoder and policy paths run (1: native, 0: the pure-Python reference)
         out["native_decode"] = float(_nativedecode.available())
@@ -258,6 +268,8 @@ class GuardServer:
         self._stopped = asyncio.Event()
         for name in ("", *names[:3]):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        # NOT_SERVING while records cannot be made durable (disk full): see Readiness
+        self.readiness = Readiness(self._health, ("", names[1]))
         self._sweeper = asyncio.ensure_future(self._sweep_forever())
         self.loop_lag.start()
         log.info("otel-guard %s listening on %s", self.guard_id, self.address)
@@ -271,6 +283,7 @@ class GuardServer:
             try:
                 while self.registry.sweep(limit=SWEEP_BATCH):  # a mass agent_lost, in slices
                     await asyncio.sleep(0)
+                await self.readiness.update(self.registry.lifecycle, self.draining)
             except Exception:
                 log.exception("sweep failed")
 

@@ -36,6 +36,7 @@ from opentelemetry.sdk.resources import Resource
 from guard.errors import GuardUnavailable
 from guard.policy import MetricsSettings, Reason
 from guard.policy._telemetry import split_host_port
+from guard.server._clocks import skew_figures
 from guard.store._records import DecisionRecord
 
 __all__ = ["NO_REDIS_TELEMETRY", "OTHER_TENANTS", "GuardMetrics", "RedisTelemetry", "top_tenants"]
@@ -198,8 +199,21 @@ class GuardMetrics:
              "capacity)"),
             (counter, "otel_guard.records.acked", "{record}", stat("records_acked"),
              "RecordAcks sent"),
+            (counter, "otel_guard.records.unacked", "{record}", stat("records_unacked"),
+             "refused acknowledgements: times a run record could not be made durable "
+             "(disk full), so it was not acked; it is offered again (the agent keeps it)"),
             (counter, "otel_guard.records.rejected", "{record}", stat("records_rejected"),
              "RunEnded records refused one by one (Reject sent, dead-lettered)"),
+            (counter, "otel_guard.control.rejected", "{message}", self._control_rejects,
+             "control messages other than RunEnded refused one by one (Reject sent), by kind"),
+            (gauge, "otel_guard.agent.clock_skew.max", "s",
+             lambda _o: [Observation(skew_figures(registry.sessions)[
+                 "clock_skew_live_max_abs_s"])],
+             "largest absolute agent clock skew over the attached agent sessions"),
+            (gauge, "otel_guard.agent.clock_skewed_sessions", "{session}",
+             lambda _o: [Observation(skew_figures(registry.sessions)[
+                 "sessions_clock_skewed_live"])],
+             "attached agent sessions whose clock is more than 60 s off the guard's"),
             (counter, "otel_guard.decisions.dropped", "{decision}", stat("decisions_dropped"),
              "decision records lost because the record sink raised"),
             (counter, "otel_guard.agents.lost", "{run}", stat("agent_lost"),
@@ -231,6 +245,10 @@ class GuardMetrics:
                 (gauge, "otel_guard.store.pending", "{record}",
                  lambda _o: [Observation(app.sink.counters().get("pending", 0))],
                  "records queued in memory for the store's writer"),
+                (gauge, "otel_guard.store.disk_full", "1",
+                 lambda _o: [Observation(app.sink.counters().get("disk_full", 0))],
+                 "1 while the store cannot write its data dir (new run records are not "
+                 "acknowledged; acknowledged ones wait in memory, store.held)"),
             ]  # fmt: skip
         for create, name, unit, callback, text in observed:
             create(name, callbacks=[callback], unit=unit, description=text)
@@ -252,6 +270,14 @@ class GuardMetrics:
     def _refusals(self, _o: CallbackOptions) -> list[Observation]:
         return [
             Observation(n, {"error.type": k}) for k, n in dict(self.app.export_refusals).items()
+        ]
+
+    def _control_rejects(self, _o: CallbackOptions) -> list[Observation]:
+        stats = dict(self.app.registry.stats)
+        return [
+            Observation(n, {"message": k[17:]})
+            for k, n in stats.items()
+            if k.startswith("control_rejected_")
         ]
 
     def _allowances(self, _o: CallbackOptions) -> list[Observation]:
