@@ -15,6 +15,7 @@ from typing import Any
 from guard.errors import ConfigError
 from guard.policy._parse import (
     check_keys,
+    opt_float,
     opt_int,
     parse_limits,
     req_float,
@@ -55,6 +56,9 @@ class GuardSettings:
     # Span requests queued for the applier, in bytes; past a tenant's share of it (this over
     # the tenants with spans queued) its requests are shed with a retry delay.
     max_queued_span_bytes: int = 8 * 1024 * 1024
+    # Runs made from spans alone (no RunStarted), per tenant per second; None: no limit.
+    # Past it such a span is refused (partial_success) instead of costing a run's state.
+    max_new_span_runs_per_s: float | None = 1000.0
     heartbeat_interval_ms: int = 1000
     admit_timeout_ms: int = 200
     # Tenant allowances: a grant is exactly what a call asks for, and holds for
@@ -184,6 +188,10 @@ def _guard(data: Any, path: str) -> GuardSettings:
     if "redis_timeout_ms" in d:
         kw["redis_timeout_ms"] = req_float(
             d["redis_timeout_ms"], f"{path}.redis_timeout_ms", minimum=1.0
+        )
+    if "max_new_span_runs_per_s" in d:
+        kw["max_new_span_runs_per_s"] = opt_float(
+            d["max_new_span_runs_per_s"], f"{path}.max_new_span_runs_per_s", minimum=1.0
         )
     if "max_queued_span_bytes" in d:
         v = opt_int(d["max_queued_span_bytes"], f"{path}.max_queued_span_bytes", minimum=65536)

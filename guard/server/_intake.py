@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from guard.errors import GuardError, GuardUnavailable
+from guard.server import _memtrim
 from guard.server._decode import decode_slices
 from guard.server._status import Overloaded
 
@@ -47,6 +48,8 @@ log = logging.getLogger("guard.server")
 
 SLICE_SPANS = 128  # spans decoded or applied in one step (a step of new runs: ~1-2 ms)
 TURN_BUDGET_S = 0.002  # steps taken in one turn of the event loop, until this has passed
+TRIM_AFTER_BYTES = 16 << 20  # a burst this large is followed by a trim once ingest is quiet
+QUIET_S = 0.5  # no span request for this long: ingest is quiet
 MIN_COST_BYTES = 4096  # what a request counts at least against its tenant's share
 RETRY_AFTER_S = 1.0  # the retry delay a shed request is given (the queue drains in less)
 
@@ -111,6 +114,7 @@ class SpanIntake:
         self._turns: deque[str | None] = deque()  # those tenants, in the order they are served
         self._held: dict[str | None, int] = {}  # tenant -> queued bytes
         self._total = 0
+        self._since_trim = 0  # bytes of requests done since the last trim
         self._wait_ms = 0.0  # the longest a request waited for the worker to reach it
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -195,7 +199,10 @@ class SpanIntake:
         while True:
             if not self._turns:
                 self._wake.clear()
-                await self._wake.wait()
+                if self._since_trim >= TRIM_AFTER_BYTES:
+                    await self._quiet()
+                else:
+                    await self._wake.wait()
                 turn = time.perf_counter()
                 continue
             tenant = self._turns.popleft()
@@ -220,7 +227,19 @@ class SpanIntake:
                 await asyncio.sleep(0)
                 turn = time.perf_counter()
 
+    async def _quiet(self) -> None:
+        """Wait for work; when none comes within :data:`QUIET_S` after a burst, give the
+        memory the burst's requests used back to the operating system (the allocator keeps
+        it otherwise: hundreds of MB after a flood). The trim runs in a thread, off the loop."""
+        assert self._wake is not None
+        try:
+            await asyncio.wait_for(self._wake.wait(), QUIET_S)
+        except TimeoutError:
+            self._since_trim = 0
+            await asyncio.to_thread(_memtrim.after_burst)
+
     def _release(self, tenant: str | None, cost: int) -> None:
+        self._since_trim += cost
         self._total -= cost
         held = self._held[tenant] - cost
         if held:

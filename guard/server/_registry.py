@@ -66,6 +66,7 @@ _STATS = (
     "denied",
     "agent_lost",
     "capacity_rejections",
+    "span_runs_rate_limited",
     "replayed_spans",
     "provisional_spans_dropped",
     "adopted_runs",
@@ -93,7 +94,8 @@ class Registry:
         self.sink = sink
         self.guard_id = guard_id
         self.clock = clock
-        self.table = t = RunTable(config.guard.max_tracked_runs)
+        g = config.guard
+        self.table = t = RunTable(g.max_tracked_runs, g.max_new_span_runs_per_s, clock)
         # read-only views of the table's maps (only RunTable changes them)
         self.runs, self.by_trace, self.by_tenant = t.runs, t.by_trace, t.by_tenant
         self.detached, self.span_only, self.ended = t.detached, t.span_only, t.ended
@@ -134,6 +136,7 @@ class Registry:
         self.ack, self.heartbeat = adm.ack, adm.heartbeat
         self.new_run, self.make_room = adm.new_run, adm.make_room  # the span path's runs
         self.has_room, self.touch = t.has_room, t.touch  # the span path's capacity, LRU
+        self.take_span_run = t.span_run_rate.take  # a new run made from spans, at its rate
         # decisions (the span path, the admin servicer, the shared tenant budgets)
         self.act, self.forecast, self.tenant_cut = dec.act, dec.forecast, dec.tenant_cut
         self.check_deadline, self.issue, self.stop_run = dec.check_deadline, dec.issue, dec.stop_run

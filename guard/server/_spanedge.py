@@ -47,8 +47,8 @@ class SpanEdges:
         made); this only makes the answer the same as for an unknown id (``_implicit``), so
         that the answer says nothing of other tenants' run ids: a run span is not refused
         (an unknown one is skipped), a span claiming a tenant other than the caller's is,
-        and so is any other when the caller's tenant has no room (the cap is reached and
-        none of its own span-only runs could make room).
+        and so is any other when the caller's tenant has no room (its rate of new runs is
+        spent, or the cap is reached and no span-only run could make room).
         """
         if o[KIND] == KIND_RUN:
             return False
@@ -60,11 +60,15 @@ class SpanEdges:
     def _implicit(self, o: Observation, principal: Principal) -> RunState | None:
         """A span of a run that never said RunStarted: track it from its spans alone.
 
-        The tenant is checked first: at the cap, room is made only among that tenant's own
-        span-only runs (``make_room``), never another tenant's."""
+        The tenant is checked first, then its rate of new runs from spans
+        (``guard.max_new_span_runs_per_s``); at the cap, room is made as ``make_room`` says
+        (never from a tenant within its share of the table)."""
         reg = self.registry
         tenant = o[TENANT] or (principal.tenant or "")
         if principal.tenant is not None and tenant != principal.tenant:
+            return None
+        if not reg.take_span_run(tenant):
+            reg.stats["span_runs_rate_limited"] += 1
             return None
         if len(reg.runs) >= reg.max_runs and not reg.make_room(tenant):
             reg.stats["capacity_rejections"] += 1

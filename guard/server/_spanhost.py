@@ -71,6 +71,7 @@ class SpanHost(Protocol):
     make_room: Callable[[str], bool]
     # RunTable: room for a tenant's new run; the span-only runs just heard from, in its LRU
     has_room: Callable[[str], bool]
+    take_span_run: Callable[[str], bool]
     touch: Callable[[Iterable[RunState]], None]
     gate: Callable[[RunState, Observation], bool]
     set_tenant: Callable[[RunState, str], None]

@@ -20,8 +20,9 @@ Readers may look at the maps (read-only ``Mapping`` views by convention: the spa
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from guard.server._ordered import OrderedSet
@@ -32,20 +33,81 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server._schema import Observation
     from guard.server._state import RunState
 
-__all__ = ["ENDED_MEMORY", "PROVISIONAL_SPANS_MAX", "PROVISIONAL_SPANS_TOTAL", "RunTable"]
+__all__ = [
+    "ENDED_MEMORY",
+    "MAX_RATE_TENANTS",
+    "PROVISIONAL_SPANS_MAX",
+    "PROVISIONAL_SPANS_TOTAL",
+    "NewRunRate",
+    "RunTable",
+]
 
 ENDED_MEMORY = 20_000  # ended run ids remembered to drop late spans and duplicate RunEnded
 PROVISIONAL_SPANS_MAX = 256  # spans a provisional run keeps until its agent registers it
 # ... and all provisional runs together (~330 B each: ~65 MB), so numbered spans of made-up
 # run ids cannot grow the guard without bound
 PROVISIONAL_SPANS_TOTAL = 200_000
+MAX_RATE_TENANTS = 10_000  # tenants whose new-run rate is remembered
+
+
+class NewRunRate:
+    """How fast each tenant may make runs from spans alone: a token bucket per tenant of
+    ``per_s`` runs a second, holding a second's worth (``None``: no limit).
+
+    A flood of spans naming made-up run ids otherwise costs the guard a run's state per span
+    (and the collector's time to scan it): refusing the span instead costs next to nothing.
+    At most :data:`MAX_RATE_TENANTS` tenants' buckets are kept (the least recently used go:
+    a forgotten bucket starts full again, so forgetting never refuses anyone)."""
+
+    def __init__(self, per_s: float | None, clock: Callable[[], float]) -> None:
+        self.per_s = per_s
+        self.clock = clock
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()  # [tokens, at]
+
+    def _tokens(self, tenant: str) -> list[float] | None:
+        if self.per_s is None:
+            return None
+        b = self._buckets.get(tenant)
+        now = self.clock()
+        if b is None:
+            b = self._buckets[tenant] = [max(1.0, self.per_s), now]
+            if len(self._buckets) > MAX_RATE_TENANTS:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(tenant)
+            b[0] = min(max(1.0, self.per_s), b[0] + (now - b[1]) * self.per_s)
+            b[1] = now
+        return b
+
+    def allows(self, tenant: str) -> bool:
+        """Whether a new run of ``tenant`` would be allowed now (nothing taken)."""
+        b = self._tokens(tenant)
+        return b is None or b[0] >= 1.0
+
+    def take(self, tenant: str) -> bool:
+        """Take one new run of ``tenant``; False when its rate is spent."""
+        b = self._tokens(tenant)
+        if b is None:
+            return True
+        if b[0] < 1.0:
+            return False
+        b[0] -= 1.0
+        return True
 
 
 class RunTable:
-    """The tracked runs of one guard and their indexes (see the module docstring)."""
+    """The tracked runs of one guard and their indexes (see the module docstring).
 
-    def __init__(self, max_runs: int) -> None:
+    ``new_span_runs_per_s`` and ``clock``: the :class:`NewRunRate` of runs made from spans."""
+
+    def __init__(
+        self,
+        max_runs: int,
+        new_span_runs_per_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_runs = int(max_runs)
+        self.span_run_rate = NewRunRate(new_span_runs_per_s, clock)
         self.runs: dict[str, RunState] = {}
         self.by_trace: dict[bytes, RunState] = {}  # the outermost run of each trace
         self.by_tenant: dict[str, OrderedSet[str]] = {}  # each in admission order
@@ -63,8 +125,11 @@ class RunTable:
         return len(self.runs) >= self.max_runs
 
     def has_room(self, tenant: str) -> bool:
-        """Whether a new run of ``tenant`` could be tracked now: below the cap, or a span-only
-        run could make room for it (:meth:`room_from`)."""
+        """Whether a new run of ``tenant`` could be made from its spans now: within the
+        tenant's rate (:class:`NewRunRate`), and below the cap or a span-only run could make
+        room for it (:meth:`room_from`). Takes nothing."""
+        if not self.span_run_rate.allows(tenant):
+            return False
         return len(self.runs) < self.max_runs or self.room_from(tenant) is not None
 
     def room_from(self, tenant: str) -> RunState | None:

@@ -279,3 +279,27 @@ def test_the_queue_size_is_a_validated_setting():
     assert PolicyConfig.from_dict(None).guard.max_queued_span_bytes == 8 << 20
     with pytest.raises(Exception, match="max_queued_span_bytes"):
         PolicyConfig.from_dict({"guard": {"max_queued_span_bytes": 10}})
+
+
+async def test_memory_is_given_back_once_ingest_goes_quiet_after_a_burst(monkeypatch):
+    import guard.server._intake as intake_mod
+
+    trims: list[int] = []
+    monkeypatch.setattr(intake_mod, "TRIM_AFTER_BYTES", 3 * MIN_COST_BYTES)
+    monkeypatch.setattr(intake_mod, "QUIET_S", 0.05)
+    monkeypatch.setattr(intake_mod._memtrim, "after_burst", lambda: trims.append(1) or True)
+    host = _Host()
+    host.intake.start()
+    try:
+        await host.intake.export(_request("q0", 2), _who("a"))  # below the burst size
+        await asyncio.sleep(0.2)
+        assert trims == []  # a quiet guard that saw no burst does not trim
+        for i in range(4):
+            await host.intake.export(_request(f"q{i + 1}", 2), _who("a"))
+        assert trims == []  # not while requests keep coming
+        await asyncio.sleep(0.2)
+        assert trims == [1]  # once, after the burst, when quiet
+        await asyncio.sleep(0.2)
+        assert trims == [1]
+    finally:
+        await host.intake.stop()

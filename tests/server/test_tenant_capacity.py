@@ -15,7 +15,9 @@ import sys
 from typing import Any
 
 import aiohttp
+import pytest
 
+from guard.errors import ConfigError
 from guard.server import GuardServer, MemorySink, decode_request
 from guard.server._auth import Principal
 from guard.server._fanout import AgentSession
@@ -36,11 +38,12 @@ class Clock:
         return self.t
 
 
-def _registry(max_runs: int) -> tuple[Registry, Clock]:
+def _registry(max_runs: int, rate: float | None = None) -> tuple[Registry, Clock]:
+    """A registry at ``max_runs``; ``rate``: new runs from spans per tenant per second (None:
+    no limit, so that a test on a stopped clock can make as many as it needs)."""
     clock = Clock()
-    reg = Registry(
-        config(guard={"max_tracked_runs": max_runs}), MemorySink(), guard_id="t", clock=clock
-    )
+    settings = {"max_tracked_runs": max_runs, "max_new_span_runs_per_s": rate}
+    reg = Registry(config(guard=settings), MemorySink(), guard_id="t", clock=clock)
     return reg, clock
 
 
@@ -141,6 +144,29 @@ def test_the_run_forgotten_at_the_cap_is_the_tenants_least_recently_heard_from()
     _send(reg, ACME, model_span("a-1", trace_id_of(1)))  # heard from again: now a-2 is stalest
     _send(reg, ACME, model_span("a-4", trace_id_of(4)))
     assert sorted(reg.runs) == ["a-1", "a-3", "a-4"]
+
+
+def test_runs_made_from_spans_are_limited_per_tenant_per_second() -> None:
+    reg, clock = _registry(100_000, rate=100.0)
+    _flood(reg, GLOBEX, "g", 500)  # one burst: a second's worth is made, the rest refused
+    assert sum(r.startswith("g-") for r in reg.runs) == 100
+    assert reg.stats["span_runs_rate_limited"] == 400
+    # a known run's spans are never limited, and another tenant has its own rate
+    assert _send(reg, GLOBEX, model_span("g-0", trace_id_of(10_000)))[0] == 0
+    assert _send(reg, ACME, model_span("a-1", trace_id_of(1)))[0] == 0
+    clock.t += 0.5  # half a second later: half a second's worth more
+    _flood(reg, GLOBEX, "h", 100)
+    assert sum(r.startswith("h-") for r in reg.runs) == 50
+    # a refused span is answered as one naming another tenant's run (no oracle)
+    rejected, errors = _send(reg, GLOBEX, model_span("a-1", trace_id_of(1)))
+    assert rejected == 1 and "not admitted" in errors[0]
+
+
+def test_the_rate_of_new_runs_is_a_validated_setting() -> None:
+    assert config().guard.max_new_span_runs_per_s == 1000.0
+    assert config(guard={"max_new_span_runs_per_s": None}).guard.max_new_span_runs_per_s is None
+    with pytest.raises(ConfigError, match="max_new_span_runs_per_s"):
+        config(guard={"max_new_span_runs_per_s": 0})
 
 
 # -- the work of making room ------------------------------------------------------------------
