@@ -15,7 +15,17 @@ the default a young collection ran every few hundred spans; fewer, larger ones c
 less CPU on the span path (measured in-process on benchmarks/bench_ingest.py's load), and one
 of them scans at most that many young objects (well under a millisecond).
 
-Process-wide, so only the process owner (``otel-guard serve``) calls it.
+Under overload the trade goes the other way. When span requests are being shed, the young
+generation fills with what a flood leaves alive (the count the collector keeps is allocations
+minus deallocations of any generation, so while old runs are freed as new ones come, a young
+collection finds far more than 10,000 objects): 30 to 50 ms a collection, measured under
+benchmarks/bench_flood.py, and each one holds every control message behind it.
+:func:`overloaded` (the span intake calls it when it sheds, and again once ingest is quiet)
+collects every :data:`OVERLOAD_YOUNG_THRESHOLD` allocations meanwhile: under 10 ms each,
+for about a tenth more CPU on the span path, which only costs while load is being shed.
+
+Process-wide, so only the process owner (``otel-guard serve``) calls :func:`bound_gc_pauses`;
+:func:`overloaded` changes nothing until it has.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-__all__ = ["YOUNG_THRESHOLD", "bound_gc_pauses"]
+__all__ = ["OVERLOAD_YOUNG_THRESHOLD", "YOUNG_THRESHOLD", "bound_gc_pauses", "overloaded"]
 
 YOUNG_THRESHOLD = 10_000
+OVERLOAD_YOUNG_THRESHOLD = 1_000
+_bounded = False  # bound_gc_pauses ran: this process owns the collector's settings
 
 
 def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
@@ -36,9 +48,22 @@ def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
 def bound_gc_pauses() -> None:
     """Freeze what exists now and, from then on, what survives each full collection; collect
     the young generation every :data:`YOUNG_THRESHOLD` allocations."""
+    global _bounded
+    _bounded = True
     gc.collect()
     gc.freeze()
     _young, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
     if _freeze_survivors not in gc.callbacks:
         gc.callbacks.append(_freeze_survivors)
+
+
+def overloaded(on: bool) -> None:
+    """Small, frequent young collections while span load is shed (``on``), the usual ones
+    again once it is quiet. A no-op in a process that did not call :func:`bound_gc_pauses`."""
+    if not _bounded:
+        return
+    young = OVERLOAD_YOUNG_THRESHOLD if on else YOUNG_THRESHOLD
+    threshold = gc.get_threshold()
+    if threshold[0] != young:
+        gc.set_threshold(young, *threshold[1:])

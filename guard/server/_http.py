@@ -114,6 +114,10 @@ class _Refusal(Exception):
         self.http, self.headers = http, headers or {}
 
 
+class _Shed(Exception):
+    """The span intake's refusal of a request not read (already counted): ``args[0]``."""
+
+
 def http_status_for(exc: BaseException) -> int:
     if isinstance(exc, InputTooLarge):  # RESOURCE_EXHAUSTED of size, not of load: no retry
         return 413
@@ -158,6 +162,7 @@ class HttpReceiver:
         self._main_loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._refusals: Counter[str] = Counter()  # not yet added to app.export_refusals
+        self._shed = [0, 0]  # requests and bytes shed here, not yet counted by the intake
         self._refusals_lock = threading.Lock()
         self._flush_scheduled = False
 
@@ -247,11 +252,15 @@ class HttpReceiver:
     async def _in_worker(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
-    def _count_refusal(self, name: str) -> None:
+    def _count_refusal(self, name: str, shed_bytes: int | None = None) -> None:
         """``app.export_refusals[name] += 1`` on the main loop (the Counter is not
-        thread-safe): queued here, added there by one pending callback at most."""
+        thread-safe): queued here, added there by one pending callback at most. With
+        ``shed_bytes``: a request shed here for the span intake, counted in its stats too."""
         with self._refusals_lock:
             self._refusals[name] += 1
+            if shed_bytes is not None:
+                self._shed[0] += 1
+                self._shed[1] += shed_bytes
             if self._flush_scheduled:
                 return
             self._flush_scheduled = True
@@ -264,8 +273,11 @@ class HttpReceiver:
     def _flush_refusals(self) -> None:
         with self._refusals_lock:
             counts, self._refusals = self._refusals, Counter()
+            (shed, size), self._shed = self._shed, [0, 0]
             self._flush_scheduled = False
         self.app.export_refusals.update(counts)
+        if shed:
+            self.app.intake.count_shed(shed, size)
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         media = request.content_type  # lowercased, parameters (charset) stripped
@@ -274,9 +286,12 @@ class HttpReceiver:
             body = await self._export(request, media)
         except _Refusal as exc:
             resp = failure(exc.http, 0, str(exc), as_json, exc.headers)
-        except GuardError as exc:
+        except (GuardError, _Shed) as exc:
+            counted = isinstance(exc, _Shed)
+            exc = exc.args[0] if counted else exc
             code = status_for(exc)
-            self._count_refusal(code.name)
+            if not counted:
+                self._count_refusal(code.name)
             http = http_status_for(exc)
             if http == 500:
                 self.log_limiter.emit(
@@ -330,6 +345,9 @@ class HttpReceiver:
         size = request.content_length
         if size is not None and size > limit:
             raise InputTooLarge(f"body of {size} bytes exceeds max_body_bytes {limit}")
+        if size is not None and (shed := app.intake.refusal(principal.tenant, size)) is not None:
+            self._count_refusal("RESOURCE_EXHAUSTED", shed_bytes=size)
+            raise _Shed(shed)  # before the body is read: a flood costs its headers only
         hold = Hold(self.budget)
         try:
             if size is not None:

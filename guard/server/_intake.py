@@ -12,8 +12,9 @@ tenant's flood delays another tenant's spans by one slice per tenant, not by the
 Admission is by bytes, a request counting at least :data:`MIN_COST_BYTES` (so a flood of tiny
 requests is bounded too). With ``cap`` the configured queue size and ``n`` the tenants with
 queued work (counting the caller), a request is admitted when its tenant's queued bytes stay
-within ``cap / n`` (a tenant with nothing queued is always allowed one request) and the total
-within ``2 × cap``. Beyond that the request is refused with :class:`Overloaded` and a retry
+within ``cap / n`` and the total within ``2 × cap``; a tenant with nothing queued may queue one
+request of any size while the total is within ``2 × cap`` (so the queue holds at most that
+plus one request). Beyond that the request is refused with :class:`Overloaded` and a retry
 delay (gRPC ``RESOURCE_EXHAUSTED`` with ``RetryInfo``, HTTP 429 with ``Retry-After``), which
 OTLP exporters retry: shed spans arrive late, not never. A tenant that floods is therefore
 shed first and alone, and no tenant's queue can crowd out another's.
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from guard.errors import GuardError, GuardUnavailable
-from guard.server import _memtrim
+from guard.server import _gc, _memtrim
 from guard.server._decode import decode_slices
 from guard.server._status import Overloaded
 
@@ -47,7 +48,7 @@ __all__ = ["MIN_COST_BYTES", "SLICE_SPANS", "TURN_BUDGET_S", "SpanIntake"]
 log = logging.getLogger("guard.server")
 
 SLICE_SPANS = 128  # spans decoded or applied in one step (a step of new runs: ~1-2 ms)
-TURN_BUDGET_S = 0.002  # steps taken in one turn of the event loop, until this has passed
+TURN_BUDGET_S = 0.001  # steps taken in one turn of the event loop, until this has passed
 TRIM_AFTER_BYTES = 16 << 20  # a burst this large is followed by a trim once ingest is quiet
 QUIET_S = 0.5  # no span request for this long: ingest is quiet
 MIN_COST_BYTES = 4096  # what a request counts at least against its tenant's share
@@ -115,6 +116,7 @@ class SpanIntake:
         self._held: dict[str | None, int] = {}  # tenant -> queued bytes
         self._total = 0
         self._since_trim = 0  # bytes of requests done since the last trim
+        self._shedding = False  # shed since ingest was last quiet (see _gc.overloaded)
         self._wait_ms = 0.0  # the longest a request waited for the worker to reach it
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -147,20 +149,39 @@ class SpanIntake:
         return await job.future
 
     def _admit(self, tenant: str | None, cost: int) -> None:
+        refusal = self.refusal(tenant, cost)
+        if refusal is not None:
+            self.count_shed(1, cost)
+            raise refusal
+
+    def refusal(self, tenant: str | None, size: int) -> Overloaded | None:
+        """The :class:`Overloaded` a request of ``size`` bytes of ``tenant`` would get now,
+        or ``None``; changes nothing. A receiver in another thread may ask before it reads a
+        body it would only have to refuse (a racy read: :meth:`export` decides again)."""
+        cost = max(size, MIN_COST_BYTES)
         held = self._held.get(tenant, 0)
         active = len(self._queues) + (tenant not in self._queues)
         share = self.cap_bytes / active
-        if self._total + cost <= 2 * self.cap_bytes and (held == 0 or held + cost <= share):
-            return
-        self.stats["span_requests_shed"] += 1
-        self.stats["span_bytes_shed"] += cost
+        if held == 0 and self._total <= 2 * self.cap_bytes:
+            return None  # one request per tenant, however large, while the queue has room
+        if held + cost <= share and self._total + cost <= 2 * self.cap_bytes:
+            return None
         who = "the guard" if tenant is None else f"tenant {tenant!r}"
-        raise Overloaded(
+        return Overloaded(
             f"span intake full: {who} has {held} bytes of spans queued, its share is "
             f"{int(share)} of {self.cap_bytes} ({active} tenants with spans queued, "
             f"{self._total} bytes in all); retry in {RETRY_AFTER_S:g} s",
             retry_after_s=RETRY_AFTER_S,
         )
+
+    def count_shed(self, requests: int, size: int) -> None:
+        """Count shed requests (also those a receiver refused after :meth:`refusal`); on the
+        intake's loop. While load is shed, the collector runs small (see ``_gc``)."""
+        self.stats["span_requests_shed"] += requests
+        self.stats["span_bytes_shed"] += max(size, MIN_COST_BYTES * requests)
+        if not self._shedding:
+            self._shedding = True
+            _gc.overloaded(True)
 
     # -- the worker -------------------------------------------------------------------------
     def start(self) -> None:
@@ -191,6 +212,7 @@ class SpanIntake:
             "span_queue_bytes": float(self._total),
             "span_queue_tenants": float(len(self._queues)),
             "span_queue_wait_max_ms": self._wait_ms,
+            "memory_trims": float(_memtrim.stats["trims"]),
         }
 
     async def _work(self) -> None:
@@ -199,7 +221,7 @@ class SpanIntake:
         while True:
             if not self._turns:
                 self._wake.clear()
-                if self._since_trim >= TRIM_AFTER_BYTES:
+                if self._since_trim >= TRIM_AFTER_BYTES or self._shedding:
                     await self._quiet()
                 else:
                     await self._wake.wait()
@@ -228,15 +250,21 @@ class SpanIntake:
                 turn = time.perf_counter()
 
     async def _quiet(self) -> None:
-        """Wait for work; when none comes within :data:`QUIET_S` after a burst, give the
-        memory the burst's requests used back to the operating system (the allocator keeps
-        it otherwise: hundreds of MB after a flood). The trim runs in a thread, off the loop."""
+        """Wait for work; when none comes within :data:`QUIET_S`, the overload is over (the
+        collector's usual settings again), and after a burst the memory its requests used
+        goes back to the operating system (the allocator keeps it otherwise: hundreds of MB
+        after a flood). The trim runs in a thread, off the loop."""
         assert self._wake is not None
         try:
             await asyncio.wait_for(self._wake.wait(), QUIET_S)
         except TimeoutError:
-            self._since_trim = 0
-            await asyncio.to_thread(_memtrim.after_burst)
+            if self._shedding:
+                self._shedding = False
+                _gc.overloaded(False)
+            if self._since_trim >= TRIM_AFTER_BYTES and (
+                not _memtrim.available() or await asyncio.to_thread(_memtrim.after_burst)
+            ):
+                self._since_trim = 0  # else (a trim ran just now) the next quiet turn tries
 
     def _release(self, tenant: str | None, cost: int) -> None:
         self._since_trim += cost

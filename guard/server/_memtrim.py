@@ -44,6 +44,9 @@ log = logging.getLogger("guard.server")
 
 TRIM_MIN_BYTES = 1 << 20  # a refusal of a smaller message leaves nothing worth trimming
 TRIM_INTERVAL_S = 1.0  # at most one trim per second, however many refusals
+# Blocks from this size are mappings of their own, given back when freed: OTLP bodies of a
+# few thousand spans (a few hundred KB) included, which a flood otherwise leaves in the arenas
+MMAP_THRESHOLD_BYTES = 256 << 10
 
 _lock = threading.Lock()
 _last = -float("inf")  # time.monotonic() of the last trim
@@ -75,11 +78,11 @@ _tuned = False
 
 
 def tune_allocator() -> bool:
-    """Fix glibc's mmap threshold at :data:`TRIM_MIN_BYTES` (once per process; True when
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` (once per process; True when
     set). Left dynamic, the threshold climbs to the largest block freed so far (an 8 MB
     refused message: 8 MB), and from then on such blocks come from a thread's arena, whose
     top ``malloc_trim`` does not give back (it trims only the main arena's top): tens of MB
-    stay resident per gRPC thread. Fixed, every block of 1 MiB or more is its own mapping,
+    stay resident per gRPC thread. Fixed, every block of 256 KiB or more is its own mapping,
     unmapped when freed (the cost, a page fault per page touched, is paid by any new memory
     anyway); it also fixes the trim threshold at its 128 KiB default."""
     global _tuned
@@ -91,7 +94,7 @@ def tune_allocator() -> bool:
         libc: Any = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         fn = libc.mallopt
         fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        _tuned = bool(fn(_M_MMAP_THRESHOLD, TRIM_MIN_BYTES))
+        _tuned = bool(fn(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
     except (OSError, AttributeError):
         return False
     return _tuned

@@ -186,7 +186,8 @@ def test_admission_bounds_the_queue_by_share_and_in_all():
     intake._queues["b"] = object()
     with pytest.raises(Overloaded):  # b holds 40k of its 50k share: 20k more is too much
         intake._admit("b", 20_000)
-    intake._total = 2 * 100_000 - 1000  # the whole queue is at its hard bound
+    intake._admit("c", 150_000)  # nothing queued: one request of any size, while there is room
+    intake._total = 2 * 100_000 + 1  # the whole queue past its hard bound
     with pytest.raises(Overloaded):
         intake._admit("c", MIN_COST_BYTES)  # even a tenant with nothing queued
 
@@ -251,13 +252,14 @@ async def test_grpc_sheds_with_resource_exhausted_and_a_retry_delay():
         # the worker held back, so the requests meet a full share whatever their timing
         worker = srv.intake._task
         worker.cancel()
-        calls = [asyncio.ensure_future(call(body)) for _ in range(40)]
-        while sum(f.done() for f in calls) + len(srv.intake._queues.get(None, ())) < 40:
+        # fewer than a connection's concurrent streams, so every call reaches the intake
+        calls = [asyncio.ensure_future(call(body)) for _ in range(12)]
+        while sum(f.done() for f in calls) + len(srv.intake._queues.get(None, ())) < 12:
             await asyncio.sleep(0.01)
         srv.intake._task = asyncio.ensure_future(srv.intake._work())
         results = await asyncio.gather(*calls, return_exceptions=True)
     shed = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
-    assert shed and len(shed) < 40
+    assert len(shed) == 11  # one request fits the share; the rest wait for nothing
     err = shed[0]
     assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "span intake full" in err.details()
@@ -272,7 +274,7 @@ async def test_grpc_sheds_with_resource_exhausted_and_a_retry_delay():
     figures = srv.figures()
     assert figures["span_requests_shed"] == len(shed)
     assert figures["span_queue_bytes"] == 0.0
-    assert srv.registry.stats["spans"] == 400 * (40 - len(shed))  # the rest were applied
+    assert srv.registry.stats["spans"] == 400  # the one admitted was applied
 
 
 def test_the_queue_size_is_a_validated_setting():
@@ -303,3 +305,58 @@ async def test_memory_is_given_back_once_ingest_goes_quiet_after_a_burst(monkeyp
         assert trims == [1]
     finally:
         await host.intake.stop()
+
+
+async def test_collections_are_small_while_load_is_shed_and_usual_once_quiet(monkeypatch):
+    import gc
+
+    import guard.server._gc as gc_mod
+    import guard.server._intake as intake_mod
+
+    monkeypatch.setattr(intake_mod, "QUIET_S", 0.05)
+    monkeypatch.setattr(gc_mod, "_bounded", True)  # as in `otel-guard serve`
+    saved = gc.get_threshold()
+    gc.set_threshold(gc_mod.YOUNG_THRESHOLD, *saved[1:])
+    body = _request("o", 64)
+    host = _Host(cap_bytes=2 * len(body))
+    host.intake.start()
+    try:
+        flood = [asyncio.ensure_future(host.intake.export(body, _who("a"))) for _ in range(8)]
+        results = await asyncio.gather(*flood, return_exceptions=True)
+        assert any(isinstance(r, Overloaded) for r in results)
+        assert gc.get_threshold()[0] == gc_mod.OVERLOAD_YOUNG_THRESHOLD
+        await asyncio.sleep(0.3)  # quiet: the usual settings again
+        assert gc.get_threshold()[0] == gc_mod.YOUNG_THRESHOLD
+    finally:
+        await host.intake.stop()
+        gc.set_threshold(*saved)
+
+
+async def test_http_sheds_a_tenant_past_its_share_before_reading_the_body():
+    cfg = PolicyConfig.from_dict({"guard": {"max_queued_span_bytes": 65536}})
+    body = _request("h", 400)
+    async with GuardServer(cfg, listen="127.0.0.1:0", http_listen="127.0.0.1:0") as srv:
+        srv.intake._task.cancel()  # the worker held back: the first request stays queued
+        host, port = srv.http.address.rsplit(":", 1)
+        head = (
+            "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        r1, w1 = await asyncio.open_connection(host, int(port))
+        w1.write(head + body)
+        await w1.drain()
+        while not srv.intake._queues:
+            await asyncio.sleep(0.01)
+        r2, w2 = await asyncio.open_connection(host, int(port))
+        w2.write(head)  # the headers only: the body is never sent
+        await w2.drain()
+        status = await asyncio.wait_for(r2.readline(), 10)
+        assert status.startswith(b"HTTP/1.1 429"), status
+        rest = await asyncio.wait_for(r2.read(4096), 10)
+        assert b"Retry-After: 1" in rest and b"span intake full" in rest
+        srv.intake._task = asyncio.ensure_future(srv.intake._work())
+        assert (await asyncio.wait_for(r1.readline(), 10)).startswith(b"HTTP/1.1 200")
+        for w in (w1, w2):
+            w.close()
+        figures = srv.figures()
+    assert figures["span_requests_shed"] == 1 and figures["span_bytes_shed"] == len(body)
