@@ -117,10 +117,16 @@ class SpanIntake:
         self._total = 0
         self._since_trim = 0  # bytes of requests done since the last trim
         self._shedding = False  # shed since ingest was last quiet (see _gc.overloaded)
+        self._reclaimed = False  # this burst's frozen garbage was collected (_gc)
         self._wait_ms = 0.0  # the longest a request waited for the worker to reach it
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        for key in ("span_requests_shed", "span_bytes_shed", "span_requests_abandoned"):
+        for key in (
+            "span_requests_shed",
+            "span_bytes_shed",
+            "span_requests_abandoned",
+            "frozen_reclaimed",
+        ):
             stats.setdefault(key, 0)
 
     # -- the receivers' side ----------------------------------------------------------------
@@ -252,8 +258,9 @@ class SpanIntake:
     async def _quiet(self) -> None:
         """Wait for work; when none comes within :data:`QUIET_S`, the overload is over (the
         collector's usual settings again), and after a burst the memory its requests used
-        goes back to the operating system (the allocator keeps it otherwise: hundreds of MB
-        after a flood). The trim runs in a thread, off the loop."""
+        goes back to the operating system: first the garbage the collector froze while it
+        was alive (``_gc.reclaim_frozen``), then what the allocator keeps (hundreds of MB
+        after a flood; the trim runs in a thread, off the loop)."""
         assert self._wake is not None
         try:
             await asyncio.wait_for(self._wake.wait(), QUIET_S)
@@ -261,9 +268,13 @@ class SpanIntake:
             if self._shedding:
                 self._shedding = False
                 _gc.overloaded(False)
+            if self._since_trim >= TRIM_AFTER_BYTES and not self._reclaimed:
+                self._reclaimed = True  # once per burst: a full collection, while quiet
+                self.stats["frozen_reclaimed"] += _gc.reclaim_frozen()
             if self._since_trim >= TRIM_AFTER_BYTES and (
                 not _memtrim.available() or await asyncio.to_thread(_memtrim.after_burst)
             ):
+                self._reclaimed = False
                 self._since_trim = 0  # else (a trim ran just now) the next quiet turn tries
 
     def _release(self, tenant: str | None, cost: int) -> None:

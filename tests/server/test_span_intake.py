@@ -360,3 +360,28 @@ async def test_http_sheds_a_tenant_past_its_share_before_reading_the_body():
             w.close()
         figures = srv.figures()
     assert figures["span_requests_shed"] == 1 and figures["span_bytes_shed"] == len(body)
+
+
+def test_garbage_frozen_while_alive_is_reclaimed(monkeypatch):
+    import gc
+    import weakref
+
+    import guard.server._gc as gc_mod
+
+    class Body:
+        pass
+
+    monkeypatch.setattr(gc_mod, "_bounded", True)
+    body = Body()
+    cycle = [body]
+    cycle.append(cycle)  # a cycle, as a frame and the exception it raised make
+    alive = weakref.ref(body)
+    gc.freeze()  # it was alive at a full collection: frozen with the survivors
+    try:
+        del body, cycle
+        gc.collect()
+        assert alive() is not None  # frozen: no collection ever looks at it again
+        assert gc_mod.reclaim_frozen() >= 1
+        assert alive() is None
+    finally:
+        gc.unfreeze()
