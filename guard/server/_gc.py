@@ -7,7 +7,8 @@ holds no cycles), so the collector is only needed for the short-lived cycles of 
 asyncio, which the young generations catch. :func:`bound_gc_pauses` freezes what survives a
 full collection (``gc.freeze``: moved to a permanent generation the collector never scans; it
 is still freed by reference counting), so each full collection scans only what was allocated
-since the previous one. The cost: a cycle among frozen objects is never collected.
+since the previous one. The cost: a cycle frozen while it was alive is collected only by
+:func:`reclaim_frozen` (once ingest is quiet after a burst).
 
 It also raises the young generation's threshold from 700 to :data:`YOUNG_THRESHOLD`
 allocations: every span allocates its observation (a list, tracked by the collector), so with
