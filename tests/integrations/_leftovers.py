@@ -49,7 +49,9 @@ _classes: dict[str, list[type]] = {}  # module name -> the classes it defines (s
 
 def _wrapped_attrs() -> list[tuple[type, str]]:
     found = []
-    for name, module in list(sys.modules.items()):
+    # a copy in one step: iterating the live dict (list(items())) may meet another
+    # thread's import when making a tuple sets off a collection that runs Python code
+    for name, module in sys.modules.copy().items():
         if not name.startswith(_SCANNED) or module is None:
             continue
         classes = _classes.get(name)
