@@ -78,7 +78,7 @@ class _Job:
         self.cost = cost
         self.future = future
         self.parts: Iterator[Any] | None = None  # the slices still to decode
-        self.decoded: list[Any] = []  # the slices decoded, until applied
+        self.decoded: deque[Any] = deque()  # the slices decoded, until applied
         self.rejected = 0
         self.errors: list[str] = []
         self.queued = time.monotonic()
@@ -117,7 +117,6 @@ class SpanIntake:
         self._total = 0
         self._since_trim = 0  # bytes of requests done since the last trim
         self._shedding = False  # shed since ingest was last quiet (see _gc.overloaded)
-        self._reclaimed = False  # this burst's frozen garbage was collected (_gc)
         self._wait_ms = 0.0  # the longest a request waited for the worker to reach it
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -268,14 +267,10 @@ class SpanIntake:
             if self._shedding:
                 self._shedding = False
                 _gc.overloaded(False)
-            if self._since_trim >= TRIM_AFTER_BYTES and not self._reclaimed:
-                self._reclaimed = True  # once per burst: a full collection, while quiet
+            if self._since_trim >= TRIM_AFTER_BYTES:  # once per burst, while quiet
+                self._since_trim = 0
                 self.stats["frozen_reclaimed"] += _gc.reclaim_frozen()
-            if self._since_trim >= TRIM_AFTER_BYTES and (
-                not _memtrim.available() or await asyncio.to_thread(_memtrim.after_burst)
-            ):
-                self._reclaimed = False
-                self._since_trim = 0  # else (a trim ran just now) the next quiet turn tries
+                await asyncio.to_thread(_memtrim.after_burst)
 
     def _release(self, tenant: str | None, cost: int) -> None:
         self._since_trim += cost
@@ -305,7 +300,7 @@ class SpanIntake:
                 if first is not None:
                     job.rejected, job.errors = self._apply(first, job.principal)
                 return self._resolve(job)
-            job.decoded = [first, second]
+            job.decoded = deque((first, second))
             return False
         if job.parts is not None:  # still decoding: every slice before any is applied
             part = next(job.parts, None)
@@ -317,14 +312,15 @@ class SpanIntake:
             else:
                 job.decoded.append(part)
             return False
-        r, e = self._apply(job.decoded.pop(0), job.principal)
+        r, e = self._apply(job.decoded.popleft(), job.principal)
         job.rejected += r
         job.errors.extend(e[: max(0, 5 - len(job.errors))])
         return self._resolve(job) if not job.decoded else False
 
     @staticmethod
     def _fail(job: _Job, exc: BaseException) -> bool:
-        job.parts, job.decoded, job.data = None, [], None
+        job.parts, job.data = None, None
+        job.decoded.clear()
         if not job.future.done():
             job.future.set_exception(exc)
         return True

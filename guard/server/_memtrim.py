@@ -136,17 +136,15 @@ def after_refusal(size: int, *, now: float | None = None) -> bool:
 
 
 def after_burst() -> bool:
-    """A burst of requests is over (the span intake went quiet after many bytes): trim,
-    unless a trim ran in the last :data:`TRIM_INTERVAL_S`. True when it trimmed. Safe to
-    call from any thread (it blocks for the trim: call it off the event loop)."""
+    """A burst of requests is over (the span intake went quiet after many bytes): trim now.
+    True when it trimmed. Rare by construction (once per quiet period after a burst), so not
+    rate-limited. Safe to call from any thread (it blocks for the trim: call it off the
+    event loop)."""
     global _last
     if not available():
         return False
-    t = time.monotonic()
     with _lock:
-        if _last + TRIM_INTERVAL_S > t:
-            return False
-        _last = t
+        _last = time.monotonic()
     return _safe_trim()
 
 
