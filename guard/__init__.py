@@ -1,6 +1,6 @@
 """otel-guard: OpenTelemetry-native observability and guard sidecar for LLM agents.
 
-The agent SDK (DESIGN §3.1)::
+The agent SDK::
 
     import guard
 

@@ -1,9 +1,9 @@
 """`otel-guard serve`: run the guard service (OTLP, GuardControl, GuardAdmin, health) on one port.
 
-The policy file (``--config guard.yaml``, DESIGN §3.3b) is loaded with PyYAML and validated by
+The policy file (``--config guard.yaml``) is loaded with PyYAML and validated by
 ``PolicyConfig.from_dict``. Records go to the embedded ClickHouse under ``--data-dir`` unless
 ``--clickhouse DSN`` is given; ``--no-store`` runs without one. ``--redis URL`` (or
-``OTEL_GUARD_REDIS_URL``) makes the guard one replica of several (DESIGN §3.6). SIGTERM/SIGINT drain within
+``OTEL_GUARD_REDIS_URL``) makes the guard one replica of several. SIGTERM/SIGINT drain within
 ``--drain-s`` seconds (default 10; the Helm chart's terminationGracePeriodSeconds is 15).
 
 The guard's own metrics are off unless ``--metrics-listen`` (a Prometheus scrape endpoint)
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "ephemeral port on 127.0.0.1 (so a second guard on one host does not collide), "
         "printed at start and in --json as http_address",
     )
-    parser.add_argument("--config", default=None, help="policy file (YAML, DESIGN §3.3b)")
+    parser.add_argument("--config", default=None, help="policy file (YAML)")
     parser.add_argument(
         "--clickhouse",
         default=os.environ.get("OTEL_GUARD_CLICKHOUSE_DSN") or None,
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="with --redis: how long a replica's claim of a run record lasts, so another "
-        "replica drops a re-sent copy (default 3600; see guard/store/_claims.py)",
+        "replica drops a re-sent copy (default 3600)",
     )
     parser.add_argument(
         "--metrics-listen",
