@@ -16,11 +16,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from guard._version import __version__
 from guard.errors import BudgetExceeded, ConfigError, GuardError, GuardUnavailable, RunStopped
 
-__version__ = "0.1.0"
-
 if TYPE_CHECKING:  # pragma: no cover
+    from guard._native import native_paths
     from guard.integrations import instrument, uninstrument
     from guard.policy import Limits, LoopSettings, Outcome, Reason, Remaining, Status
     from guard.sdk import (
@@ -59,6 +59,7 @@ _LAZY = {
     "evidence": "guard.sdk",
     "flush": "guard.sdk",
     "instrument": "guard.integrations",
+    "native_paths": "guard._native",
     "progress": "guard.sdk",
     "run": "guard.sdk",
     "run_tools": "guard.sdk",
@@ -92,6 +93,7 @@ __all__ = [
     "evidence",
     "flush",
     "instrument",
+    "native_paths",
     "progress",
     "run",
     "run_tools",

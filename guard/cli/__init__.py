@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from guard._version import __version__
+
 __all__ = ["build_parser", "main"]
 
 # name -> (module, one-line help)
@@ -28,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="otel-guard",
         description="OpenTelemetry-native guard for LLM agents: budgets, loops, fleet cancel.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
