@@ -1,4 +1,4 @@
-"""Bounds on every value the guard accepts from the wire (DESIGN §6, "hostile input").
+"""Bounds on every value the guard accepts from the wire, which it treats as hostile input.
 
 One place for the numbers, shared by the wire conversions (``guard.wire``), the span
 decoders (``guard.server._pydecode`` and the native one), the control stream and the admin

@@ -79,7 +79,7 @@ class StoreError(GuardError):
 class RunStopped(GuardError):
     """Raised out of a ``@guard.run`` function when the run is stopped.
 
-    ``outcome`` carries the status, the reason and every counter (DESIGN §3.5).
+    ``outcome`` (a :class:`guard.Outcome`) carries the status, the reason and every counter.
     """
 
     def __init__(self, outcome: Outcome, message: str | None = None) -> None:

@@ -1,15 +1,16 @@
 """The GenAI attribute spellings otel-guard knows, by the instrumentation that emits them.
 
-One table for the SDK and the guard (DESIGN §3.3, §3.7). It says which attributes carry a
-model call's *usage* and identity (:data:`USAGE_ATTRIBUTES`, every spelling of every
-instrumentation, read by the guard's decoders and by the SDK's span processor for third-party
-spans), which span operations are model calls, aggregates or tool calls, where a third-party
-tool span keeps its arguments and result (fingerprinted in-process, never exported), and which
-span attributes and span events carry *content*: prompts, messages, system instructions, tool definitions,
-tool arguments and results, retrieved documents, answers and error text. The SDK's export to
-the guard drops them from every span, whoever wrote them (``guard.sdk._redact``); the guard's
-decoders read none of them. Counters (token usage, cost), model and operation names, ids
-and our own ``guard.*`` attributes are not content.
+One table for the SDK and the guard, for the SDK's own spans and for those of third-party
+instrumentations. It says which attributes carry a model call's *usage* and identity
+(:data:`USAGE_ATTRIBUTES`, every spelling of every instrumentation, read by the guard's
+decoders and by the SDK's span processor for third-party spans), which span operations are
+model calls, aggregates or tool calls, where a third-party tool span keeps its arguments and
+result (fingerprinted in-process, never exported), and which span attributes and span events
+carry *content*: prompts, messages, system instructions, tool definitions, tool arguments and
+results, retrieved documents, answers and error text. The SDK's export to the guard drops
+them from every span, whoever wrote them (``guard.sdk._redact``); the guard's decoders read
+none of them. Counters (token usage, cost), model and operation names, ids and our own
+``guard.*`` attributes are not content.
 
 Each source lists exact keys and key patterns; a pattern ending in ``*`` matches every key
 that starts with what precedes the ``*`` (``"gen_ai.prompt.*"`` matches
@@ -291,10 +292,10 @@ def is_content_event(name: str) -> bool:
 
 
 # ===================================== emitted by the SDK =====================================
-# The span, attribute and event names the SDK writes on its own spans (CONTRACTS "Spans",
-# DESIGN §3.3): the current GenAI semconv spellings (the guard also accepts the previous ones,
-# USAGE_ATTRIBUTES above) and our own guard.* names. Raw text never goes on a span: only HMAC
-# fingerprints, counters and names chosen by the developer (agent, tool and model names).
+# The span, attribute and event names the SDK writes on its own spans: the current GenAI
+# semconv spellings (the guard also accepts the previous ones, USAGE_ATTRIBUTES above) and
+# our own guard.* names. Raw text never goes on a span: only HMAC fingerprints, counters and
+# names chosen by the developer (agent, tool and model names).
 # Not in __all__ (a separate vocabulary): ``from guard import semconv as A; A.RUN_ID``.
 OPERATION = "gen_ai.operation.name"
 AGENT_NAME = "gen_ai.agent.name"

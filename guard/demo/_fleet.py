@@ -53,7 +53,7 @@ class AgentProcess:
 
 
 def demo_policy() -> dict[str, Any]:
-    """The policy file the demo guard runs with (same shape as ``guard.yaml``, DESIGN §3.3b)."""
+    """The policy file the demo guard runs with (same shape and keys as ``guard.yaml``)."""
     return {
         "runs": {
             "max_steps": 60,

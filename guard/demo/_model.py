@@ -2,8 +2,9 @@
 
 Nothing here touches the network. The model returns usage numbers shaped like a real chat
 completion: the prompt resends the whole history, so round ``n`` costs about
-``B + (n-1)·D`` input tokens (DESIGN §1). Prices are USD per 1M tokens and match the demo's
-price book, so the cost the agents report is the cost the guard would compute.
+``B + (n-1)·D`` input tokens and a run's total grows with the square of its length. Prices are
+USD per 1M tokens and match the demo's price book, so the cost the agents report is the cost
+the guard would compute.
 """
 
 from __future__ import annotations

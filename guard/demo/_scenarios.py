@@ -3,8 +3,10 @@
 Each scenario is an ordinary asyncio agent loop instrumented with the public API only:
 ``@guard.run`` around the run, ``guard.step()`` around each iteration, ``step.model_call`` for
 the (scripted) model's usage, ``@guard.tool`` on the tools and ``step.progress`` for progress.
-The runaway ones misbehave in the ways DESIGN §1 lists; nothing in them knows how it will be
-stopped: the SDK and the guard decide that.
+The runaway ones misbehave the way real agents do: they never stop, oscillate between two
+actions, rephrase into the same empty result, go nowhere, resend an ever-growing context, burn
+an expensive model, wait on a slow upstream or spend their tenant's shared budget; nothing in
+them knows how it will be stopped: the SDK and the guard decide that.
 """
 
 from __future__ import annotations

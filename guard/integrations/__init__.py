@@ -1,4 +1,4 @@
-"""``guard.instrument()``: turn on the integrations of the libraries the agent uses (§3.7).
+"""``guard.instrument()``: turn on the integrations of the libraries the agent uses.
 
 Each integration is a module here exposing ``NAME``, ``LIBRARY`` (the import name of the
 library it adapts), ``enable()`` and ``disable()``. A module is imported only when it is turned
@@ -34,7 +34,7 @@ KNOWN: dict[str, tuple[str, str, str]] = {
     "pydantic_ai": ("pydantic_ai", "guard.integrations.pydantic_ai", "pydantic-ai"),
     "langchain": ("langchain_core", "guard.integrations.langgraph", "langgraph"),
 }
-# other spellings users reach for (DESIGN §3.1 names the LangChain/LangGraph one "langchain")
+# other spellings users reach for (the LangChain/LangGraph integration is named "langchain")
 ALIASES = {"langgraph": "langchain"}
 
 

@@ -1,5 +1,6 @@
 """Tenant allowances: slices of a tenant's rolling ``cost_usd`` / ``tokens`` windows granted to
-its live root runs, so a tenant budget holds across processes (DESIGN §3.5, Envoy RLQS-style).
+its live root runs, so a tenant budget holds across processes (in the style of Envoy's
+rate-limit quota service, RLQS).
 
 Accounting, per tenant and per metric with a window (``cost_usd``, ``tokens``):
 

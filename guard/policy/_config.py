@@ -1,4 +1,5 @@
-"""The policy file (DESIGN §3.3b) as one validated settings object.
+"""The policy file (``guard.yaml``: ``runs``, ``tenants``, ``auth``, ``prices``, ``guard``,
+``store`` and ``presets``) as one validated settings object.
 
 ``PolicyConfig.from_dict`` takes the already-parsed YAML (the policy package never reads files
 or imports yaml). Every key is checked: unknown keys, wrong types and out-of-range values raise

@@ -1,7 +1,7 @@
 """The decision function: one fixed order of checks, shared by the SDK and the guard.
 
-Order (DESIGN §3.5): cancel -> completed -> deadline -> max steps (and model calls) -> tokens
--> cost -> tool quota -> loop or stagnation -> final-answer reserve -> soft thresholds ->
+The stop order: cancel -> completed -> deadline -> max steps (and model calls) -> tokens ->
+cost -> tool quota -> loop or stagnation -> final-answer reserve -> soft thresholds ->
 continue. The first check that fires wins, so completion wins over a budget reached in the same
 step, and a cancel wins over everything.
 """

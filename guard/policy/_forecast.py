@@ -1,10 +1,10 @@
 """Forecast the step at which a run's token or cost budget runs out.
 
 Every round resends the history, so step ``n`` costs about ``B + (n-1)·D`` input tokens and
-the run about ``n·B + D·n(n-1)/2`` in total (DESIGN §1). The forecaster fits ``B`` and ``D`` by
-ordinary least squares over the observed steps with five running sums (O(1) memory and time),
-then finds the first step whose cumulative predicted spend reaches the limit, so a warning can
-come several steps before the wall.
+the run about ``n·B + D·n(n-1)/2`` in total, quadratic in its length. The forecaster fits ``B``
+and ``D`` by ordinary least squares over the observed steps with five running sums (O(1)
+memory and time), then finds the first step whose cumulative predicted spend reaches the
+limit, so a warning can come several steps before the wall.
 """
 
 from __future__ import annotations

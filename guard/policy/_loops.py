@@ -8,14 +8,15 @@ the default window of 20.
 Patterns, all counted on the *current* call (so the same threshold means the same thing):
 
 ``exact_repeat``     the same action with the same result, back to back, ``repeat_threshold``
-                     times (seed 000 §8.3).
+                     times.
 ``repeat_in_window`` the same action with the same result ``repeat_threshold`` times within the
                      window, other calls in between.
 ``cycle``            the recent calls repeat with period 2, 3 or 4 (A-B-A-B, A-B-C-A-B-C...)
                      and the current call is its ``repeat_threshold``-th occurrence in the cycle.
 ``same_result``      ``repeat_threshold + 2`` calls in a row returned the same result while the
                      actions (arguments) varied: the model keeps rephrasing the same dead end
-                     (seed 003, the refund-bot case).
+                     (a refund bot querying orders and the knowledge base with shifting
+                     arguments, always getting an empty result).
 ``no_state_change``  ``no_progress_steps`` steps in a row with actions but an unchanged state
                      hash, or with ``progress=False``.
 

@@ -1,12 +1,12 @@
-"""Built-in limit presets per task type (seed 000 §3.4).
+"""Built-in limit presets per task type.
 
 The step cap must follow the task: an FAQ needs one lookup at most, a customer-service flow
 looks up, checks and acts, a code fix edits, tests, reads the error and edits again, research
 fans out and cross-checks, and browser automation takes many fine-grained actions, so it caps
 actions and total time together. A preset is a *tightening* (``PolicyConfig.effective_limits``
 tightens the run defaults with it, field by field), so a preset can never loosen what the
-policy file's ``runs`` section allows; loop settings therefore stay at or below the seed
-defaults. The policy file may override any preset or add new ones.
+policy file's ``runs`` section allows; loop settings therefore stay at or below the default
+:class:`~guard.policy.LoopSettings`. The policy file may override any preset or add new ones.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PRESETS: dict[str, Limits] = {
         loop=LoopSettings(window=10, repeat_threshold=2, no_progress_steps=3),
     ),
     # Query, verify, act. Repeating a side-effecting call (a payment) is a serious risk, so
-    # the repeat threshold stays at the seed's 3 and stagnation is judged quickly.
+    # the repeat threshold stays at the default 3 and stagnation is judged quickly.
     "customer_service": Limits(
         max_steps=12,
         max_tool_calls=40,
@@ -38,7 +38,7 @@ PRESETS: dict[str, Limits] = {
         loop=LoopSettings(window=20, repeat_threshold=3, no_progress_steps=6),
     ),
     # Edit -> test -> read error -> edit is progress while the test output changes (the
-    # new-information exemption), so the loop settings stay at the seed defaults.
+    # new-information exemption), so the loop settings stay at the defaults.
     "code_fix": Limits(
         max_steps=40,
         max_tool_calls=150,
@@ -48,7 +48,7 @@ PRESETS: dict[str, Limits] = {
         reserve_s=30.0,
         loop=LoopSettings(),
     ),
-    # Search, filter, analyse, cross-check: sized by the seed's worked budget (400K input
+    # Search, filter, analyse, cross-check: sized by a worked research budget (400K input
     # tokens over ~14 rounds of B=6000, D=2500), with a reserve to write the report.
     "research": Limits(
         max_steps=30,

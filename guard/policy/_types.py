@@ -27,7 +27,7 @@ __all__ = [
 
 
 class Status(StrEnum):
-    """How a run ended (DESIGN §3.5)."""
+    """How a run ended: the ``status`` of its :class:`Outcome`."""
 
     COMPLETED = "completed"
     DEGRADED = "degraded"
@@ -37,7 +37,7 @@ class Status(StrEnum):
 
 
 class Reason(StrEnum):
-    """Why a run ended, or why a directive was issued (DESIGN §3.5)."""
+    """Why a run ended, or why a directive was issued."""
 
     FINAL_ANSWER = "final_answer"
     MAX_STEPS = "max_steps"
@@ -144,7 +144,9 @@ USAGE_COUNTERS: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class LoopSettings:
-    """Loop and stagnation detection settings (seed 003 defaults)."""
+    """Loop and stagnation detection settings. The defaults: a window of the last 20 tool
+    calls, a loop at the third occurrence of the same call with the same result, and
+    stagnation after 8 steps without progress."""
 
     window: int = 20
     repeat_threshold: int = 3
@@ -286,7 +288,8 @@ CONTINUE = Decision(Action.CONTINUE)
 
 @dataclass(slots=True)
 class Outcome:
-    """The structured termination record of one run (DESIGN §3.4 and §3.5).
+    """The structured termination record of one run: how it ended (status), why (reason),
+    and what it spent and did (the counters).
 
     The same record is raised to the user in ``RunStopped.outcome``, sent over the wire in
     ``RunEnded`` and written as one row of ``otel_guard.runs``.

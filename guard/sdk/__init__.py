@@ -1,6 +1,6 @@
 """The otel-guard agent SDK: one decorator, per-step spans, local enforcement, real cancel.
 
-Public names are re-exported from :mod:`guard`; see DESIGN §3.1::
+Public names are re-exported from :mod:`guard`::
 
     @guard.run(agent="refund-bot", max_steps=12, deadline_s=90)
     async def handle(request):

@@ -2,7 +2,7 @@
 
 The client runs its own asyncio loop on a daemon thread, so it never blocks the agent's
 thread or event loop; agent threads only hand it messages with ``call_soon_threadsafe``.
-Protocol (CONTRACTS "Control stream protocol"): Hello first (with the live runs after a
+The protocol, as in ``guard.proto``: Hello first (with the live runs after a
 reconnect) -> Welcome; RunStarted -> Admit / Deny; warn / wrap_up / cancel directives at any
 time, each acked; a Heartbeat with the live runs' usage; RunEnded for every run. With several
 guards (``endpoint="g1:4317,g2:4317"`` or a name with several addresses, ``_targets``) a failed

@@ -1,4 +1,4 @@
-"""Third-party GenAI spans counted in-process, once (DESIGN §3.3, §3.7).
+"""Third-party GenAI spans (from instrumentations, not the SDK) counted in-process, once.
 
 :class:`ForeignSpans` is the SDK's span processor on the TracerProvider that instrumentations
 write to (OpenLLMetry, OpenInference, OpenLIT, Pydantic AI, a framework's own). A span started

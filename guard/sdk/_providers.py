@@ -1,4 +1,4 @@
-"""The TracerProvider otel-guard's span processors sit on (DESIGN §3.1, §3.7).
+"""The TracerProvider otel-guard's span processors sit on, its own or the application's.
 
 ``install_global_provider``: with a guard configured and no SDK provider set globally, one is
 installed, so third-party instrumentations' spans reach the guard. ``relay_for``: the single

@@ -9,14 +9,15 @@ says the tenant has nothing more to grant. A ``step.model_call(...)`` inside the
 it (the estimate freed and the actual recorded in one lock); leaving the block otherwise
 (no call, an exception, a cancel, a timeout) releases it. A reservation is always settled.
 
-Tenant allowance (DESIGN §3.5): the guard pushes the root run ceilings on its cumulative
-usage (:class:`Ceilings`). A reservation that would pass them sends an ``AllowanceRequest``
-and waits at most ``admit_timeout_ms`` for the answer. No answer, no guard, or a ttl gone by:
-fail-open (the call proceeds under the local limits; counted in ``guard.stats()`` as
-``control_allowance_fail_open``), or ``RunStopped(tenant_budget)`` under ``fail_closed``.
-Without a reservation, a model call whose usage would not leave room for one more call of
-its size asks for more the same way, and an ``exhausted`` answer stops the run at its next
-SDK call (at most the calls already in flight overshoot).
+Tenant allowance (a tenant's budget shared out to its live root runs as slices): the guard
+pushes the root run ceilings on its cumulative usage (:class:`Ceilings`). A reservation that
+would pass them sends an ``AllowanceRequest`` and waits at most ``admit_timeout_ms`` for the
+answer. No answer, no guard, or a ttl gone by: fail-open (the call proceeds under the local
+limits; counted in ``guard.stats()`` as ``control_allowance_fail_open``), or
+``RunStopped(tenant_budget)`` under ``fail_closed``. Without a reservation, a model call whose
+usage would not leave room for one more call of its size asks for more the same way, and an
+``exhausted`` answer stops the run at its next SDK call (at most the calls already in flight
+overshoot).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Stop paths, all ending in one :class:`~guard.policy.Outcome`:
   completion wins over a budget reached in the same step);
 * an *interrupt* (``run.cancel``, a guard command, the deadline timer) from any thread: new
   work is refused at once, the async task is cancelled, tracked process groups get SIGTERM then
-  SIGKILL and ``on_cancel`` callbacks run (seed 001 order); completed results are kept and the
+  SIGKILL and ``on_cancel`` callbacks run, in that order; completed results are kept and the
   outcome is reported when the decorated function unwinds.
 """
 
@@ -226,7 +226,7 @@ class Run(RunFlow):
 
     def adopt_limits(self, admitted: Limits) -> None:
         """Apply the guard's Admit: the effective limits are the tightest of the admitted and
-        the current ones, budget and loop detection alike (DESIGN §3.3b)."""
+        the current ones, budget and loop detection alike."""
         limits = self.budget.limits.tighten(admitted)
         self.budget.set_limits(limits)
         loop = limits.loop
@@ -278,7 +278,9 @@ class Run(RunFlow):
     def interrupt(
         self, reason: Reason, detail: str = "", by: DecidedBy = DecidedBy.SDK, *, cancel=True
     ) -> bool:
-        """Stop the run from outside its flow (seed 001 order). Thread-safe, idempotent."""
+        """Stop the run from outside its flow: refuse new work first, then stop the work in
+        flight (the task, the process groups, the ``on_cancel`` callbacks); what completed stays
+        recorded. Thread-safe, idempotent."""
         with self._lock:
             if not self.live or self._interrupt is not None:
                 return self.live

@@ -8,9 +8,9 @@ third-party span counter call these methods, never the run's fields):
 * the budget's fused calls (``run.budget.model_call_escalation(..., run.soft_rank)``) record usage
   and decide under one lock; :meth:`RunFlow.observe_action` / :meth:`RunFlow.end_step` feed
   the loop detector;
-* :meth:`RunFlow.after_call` after each of them (DESIGN §3.5: checks also run after each model
-  call and tool batch): the decision is applied, the ancestors checked, the tenant allowance
-  topped up, and an interrupt raised when asked.
+* :meth:`RunFlow.after_call` after each of them (the checks run after each model call and tool
+  batch too, not only before new work): the decision is applied, the ancestors checked, the
+  tenant allowance topped up, and an interrupt raised when asked.
 """
 
 from __future__ import annotations

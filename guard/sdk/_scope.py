@@ -9,7 +9,7 @@ or an iterator the caller drives (LangGraph's ``stream``). Sync (``with``) and a
         ...                              # the block's exception decides the outcome
     # on exit: the outcome is recorded; a stop comes out as guard.RunStopped
 
-Exit rules (DESIGN §3.5): a stop, or an exception that the stop caused, comes out as
+Exit rules: a stop, or an exception that the stop caused, comes out as
 ``RunStopped`` with the final outcome (chained to the exception); any other exception goes on
 unchanged; a block that ends normally while a stop is sticky raises ``RunStopped``.
 ``GeneratorExit`` (the consumer of a generator stopped reading) ends the run as it stands and

@@ -1,4 +1,4 @@
-"""Tenant allowances on the guard: grant, push, attribute spend, release (DESIGN §3.5).
+"""Tenant allowances on the guard: grant, push, attribute spend, release.
 
 The accounting is the policy's :class:`~guard.policy.TenantAllowances` (one per tenant with a
 ``cost_usd`` or ``tokens`` window); this module only wires it to the registry:

@@ -1,9 +1,10 @@
 """The guard's shared-state seams: tenant budgets, the run directory and the directive bus.
 
 One guard process keeps all three in memory (:func:`local_parts`, today's behaviour). Several
-replicas share them (DESIGN §3.6): a Redis implementation of each interface is chosen at start
-instead, by the factory :class:`~guard.server.GuardServer` hands to the registry. The callers
-(the span applier, the registry, the decision router, the servicers) only see the interfaces.
+replicas (``otel-guard serve --redis``) share them: a Redis implementation of each interface
+is chosen at start instead, by the factory :class:`~guard.server.GuardServer` hands to the
+registry. The callers (the span applier, the registry, the decision router, the servicers)
+only see the interfaces.
 
 **Where an await can happen.** The registry runs on the event loop and never awaits: every
 method below is synchronous and must return at once, from a local view. A shared
@@ -57,7 +58,7 @@ Lost = Callable[["RunState", bool], None]  # told whether a lost run moved to an
 
 
 class TenantBudgets(Protocol):
-    """Every tenant's rolling windows, concurrency slots and allowances (DESIGN §3.5).
+    """Every tenant's rolling windows, concurrency slots and allowances.
 
     Synchronous except :meth:`sync` (see the module docstring). ``Decision.stop`` with
     reason tenant_budget means the tenant is exhausted (deny the run, or stop its runs).

@@ -1,4 +1,5 @@
-"""Shared state of several guard replicas in Redis (DESIGN §3.6): tenant budgets, the run directory, the directive bus.
+"""Shared state of several guard replicas in Redis: tenant budgets, the run directory, the
+directive bus.
 
 Loaded only with ``--redis`` (``import guard.server`` does not import redis-py).
 """

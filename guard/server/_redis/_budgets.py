@@ -1,4 +1,4 @@
-"""Tenant budgets shared by the replicas through Redis (DESIGN §3.6).
+"""Tenant budgets shared by the replicas through Redis.
 
 The same operations, decisions and messages as the in-memory ``guard.policy.TenantBudget``
 (rolling windows, concurrency cap) and ``guard.policy.TenantAllowances`` (grants), atomic

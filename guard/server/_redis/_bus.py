@@ -1,4 +1,4 @@
-"""The directive bus of the replicas (DESIGN §3.6): a Redis stream per replica.
+"""The directive bus of the replicas: a Redis stream per replica.
 
 ``P:bus:<replica>`` is a stream (``XADD`` with ``MAXLEN ~``; its TTL is renewed by every
 write, so a dead replica's stream lapses). Its replica reads it with ``XREAD BLOCK`` on a

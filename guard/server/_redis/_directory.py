@@ -1,4 +1,4 @@
-"""The run directory shared by the replicas (DESIGN §3.6): which replica holds each run's
+"""The run directory shared by the replicas: which replica holds each run's
 control stream, and what another replica needs to guard the run.
 
 **Keys** (``P`` = ``prefix``):

@@ -3,8 +3,9 @@
 The same messages as the in-memory desk (:class:`~guard.server._allowances.Allowances`,
 which this desk uses for validation, pushing and late spans, and which answers alone while
 Redis is unreachable), but every grant comes from the ``grant`` operation of the tenant's
-script, so used + outstanding grants never pass a window's limit *across replicas* (the
-overshoot bound of issue 11, fleet-wide):
+script, so used + outstanding grants never pass a window's limit *across replicas*: as on a
+single guard, a tenant's spend passes a window's limit only by usage no grant covered (an
+estimate that was too low, a run that did not ask), by exactly that excess:
 
 * a root run's grant goes out in the same pipeline as its admission and is pushed just
   before its Admit (a new run's first chunk; a re-registered run's entry, or a new one from

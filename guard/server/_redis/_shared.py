@@ -19,8 +19,9 @@
 * **allowances** (grants to live runs) come out of the fleet's windows
   (:class:`~guard.server._redis._grants.FleetDesk`): a root run's grant goes in the
   admission's pipeline and reaches the agent before its Admit, AllowanceRequests and the
-  runs' spend go in the next pipeline, so the overshoot bound of issue 11 holds across
-  replicas.
+  runs' spend go in the next pipeline, so the overshoot bound holds across replicas: a
+  tenant's spend passes a window's limit only by usage no grant covered (an estimate that was
+  too low, a run that did not ask).
 
 **Redis unreachable** (:class:`~guard.errors.StateUnavailable`, fast: see ``StateClient``):
 the replica enforces its own local windows and caps (fail-open), logs the outage once and
