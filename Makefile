@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # Keyed on what the install builds from: pyproject.toml and the native fast paths' C source.
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c | cksum | cut -d' ' -f1)
 
 # Every test run is replayable from one seed: the hash seed, the test order (pytest-randomly)
 # and hypothesis's draws all come from TEST_SEED, printed at the start of the run. Replay a run
@@ -15,9 +15,9 @@ PYTEST_SEEDED = PYTHONHASHSEED=$(TEST_SEED) $(PY) -m pytest --randomly-seed=$(TE
 	--hypothesis-seed=$(TEST_SEED) --durations=15
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-exhaustive lint format bench proto clean
+.PHONY: demo test test-exhaustive lint format docs docs-serve diagrams docs-assets bench proto clean
 
-$(STAMP): pyproject.toml guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
+$(STAMP): pyproject.toml setup.py guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing otel-guard and its dependencies into $(VENV) (first run takes a few minutes)"
 	$(PY) -m pip install --upgrade --progress-bar on pip
@@ -38,11 +38,30 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The documentation site (mkdocs.yml), built strict: a broken link, a page missing from the nav
+# or an API-reference warning fails it. The policy-file and CLI references are generated from
+# the code at build time. `make docs-serve` previews it on http://127.0.0.1:8000.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .site
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict
+
+# The architecture diagram, from its text source (Graphviz; tests/test_docs.py checks that the
+# checked-in SVG is what dot draws from it).
+diagrams:
+	dot -Tsvg docs/assets/architecture.dot -o docs/assets/architecture.svg
+
+# The demo's stop-reason chart on the site, drawn by a real demo run (about a minute).
+docs-assets: $(STAMP) diagrams
+	@dir=$$(mktemp -d) && $(VENV)/bin/otel-guard demo --data-dir $$dir && \
+		cp $$dir/stop_reasons.png docs/assets/stop-reasons.png && rm -rf $$dir
+
 # Two tiers: the core suite, then the framework integrations (real frameworks streaming from a
 # local model server), whose per-test timeout is sized for a loaded machine. Both always run;
 # the target fails if either did.
 FRAMEWORK_TIMEOUT_S ?= 600
-test: lint
+test: lint docs
 	@echo ">> test seed $(TEST_SEED) (replay: make test TEST_SEED=$(TEST_SEED))"
 	@status=0; \
 	echo ">> core tier"; \
@@ -65,5 +84,26 @@ bench: $(STAMP)
 proto: $(STAMP)
 	$(PY) -m guard.v1._generate
 
+# The sdist and this machine's manylinux binary wheel in dist/ (docs/install.md). Every native
+# extension must compile: the build fails rather than ship a wheel without one.
+.PHONY: wheel wheel-check
+wheel: $(STAMP)
+	$(PY) scripts/build_wheel.py --dist dist
+
+# dist/'s wheel and sdist, each installed into a fresh venv with no C compiler on PATH: the
+# native paths, the CLI and serve's warning are checked; one JSON line, non-zero on a failure.
+wheel-check: $(STAMP)
+	$(PY) scripts/check_wheel.py --dist dist
+
+# The container image ghcr.io/otel-guard/otel-guard:<version> (docs/deploy/image.md): docker
+# when a daemon answers, else buildah on local Debian bases; prints its size and build time.
+# image-test runs the built image as the Helm chart does (root, buildah; tests/image).
+.PHONY: image image-test
+image:
+	bash scripts/image.sh
+
+image-test: $(STAMP)
+	OTEL_GUARD_IMAGE_TEST=1 $(PY) -m pytest -p no:randomly -v --timeout 900 tests/image $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .otel-guard .pytest_cache
+	rm -rf $(VENV) .otel-guard .pytest_cache .site

@@ -1,7 +1,7 @@
 """Run every benchmark, one after another, and print one JSON object with their results.
 
 Each benchmark is its own process (so one's memory or threads never skew another's) and
-prints JSON; this script only collects them and reads off the figures of the README table.
+prints JSON; this script only collects them and reads off the figures of the table in docs/benchmarks.md (and the README's headline rows).
 
     python benchmarks/run_all.py [--quick] [--out results.json]
 

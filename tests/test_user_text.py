@@ -57,7 +57,7 @@ HEX_ALLOWLIST: frozenset[str] = frozenset(
 # Directories (relative to ROOT) scanned as plain text, every line.
 TEXT_DIRS = ("helm", "collector", "dashboards", "examples", "proto")
 # Files (relative to ROOT) scanned as plain text, every line; they must exist.
-TEXT_FILES = ("README.md", "README_HELM.md")
+TEXT_FILES = ("README.md",)
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "node_modules"}
 
 

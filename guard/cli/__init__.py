@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("guard.cli._report", "stop-reason distribution and cost by outcome"),
     "cancel": ("guard.cli._cancel", "cancel runs fleet-wide through GuardAdmin"),
     "runs": ("guard.cli._runs", "list live runs with their budget use"),
+    "health": ("guard.cli._health", "check a guard's gRPC health (exit 0 when SERVING)"),
 }
 
 

@@ -13,6 +13,8 @@ or ``--metrics-otlp`` (OTLP export, e.g. to a collector) is given, or the policy
 ``--http-listen`` adds the OTLP/HTTP receiver (``POST /v1/traces``, see ``guard.server._http``).
 ``OTEL_GUARD_PURE_PYTHON=1`` runs the pure-Python reference paths instead of the native ones
 (the span decoder, fingerprints, loop detection): what an install without a C compiler gets.
+Either way, a WARNING at start names the native paths that are not running
+(:func:`guard.native_paths`).
 """
 
 from __future__ import annotations
@@ -261,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from guard._native import warn_pure_paths
+
+    warn_pure_paths()  # once: a pure-Python path costs ingest speed, and nothing else says so
     try:
         config = load_config(args.config)
         sink = _open_sink(args, config)

@@ -1,7 +1,7 @@
 """``guard.metrics`` in the policy file: where the guard exports its own metrics.
 
 The guard's metrics (spans, decisions, delivery latency, loop lag, live runs per tenant,
-store counters; README "Guard metrics") go to a Prometheus scrape endpoint (``listen``), to an
+store counters; listed under "Guard metrics" in the operations guide) go to a Prometheus scrape endpoint (``listen``), to an
 OTLP metrics receiver such as a collector (``otlp_endpoint``), to both, or nowhere (the
 default). ``otel-guard serve`` flags of the same names override the file. Pure parsing: the
 server starts the exporters.

@@ -28,9 +28,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from guard._native import native_figures
 from guard.errors import ConfigError, GuardUnavailable
-from guard.policy import MetricsSettings, PolicyConfig, native_available
-from guard.server import _nativedecode
+from guard.policy import MetricsSettings, PolicyConfig
 from guard.server._admin import AdminServicer
 from guard.server._auth import Authenticator
 from guard.server._clocks import skew_figures
@@ -204,9 +204,9 @@ class GuardServer:
             out["store_records_refused"] = float(c.get("refused", 0))
         out["records_unwritten"] = float(len(registry.lifecycle.unwritten))
         out["tenants_known"] = float(len(registry.budgets.known()))
-        # which span decoder and policy paths run (1: native, 0: the pure-Python reference)
-        out["native_decode"] = float(_nativedecode.available())
-        out["native_policy"] = float(native_available())
+        # which native paths run (native_policy, _decode, _applier, _rows; 1: native, 0: the
+        # pure-Python reference) and native_missing, how many do not (guard.native_paths())
+        out.update(native_figures())
         state = getattr(registry, "state", None)  # a replica's Redis connection (--redis)
         if state is not None:
             out.update({f"redis_{k}": float(v) for k, v in state.stats.items()})

@@ -5,7 +5,7 @@ engine decides; this module only routes: soft levels go through ``SoftLevel`` (e
 once), a stop becomes one cancel (a run is cancelled at most once per reason-holder), and
 every command yields a ``DecisionRecord`` written when the agent acks it.
 
-Forecast warning (our call, documented in the README): after each step the guard fits the
+Forecast warning (a rule of the guard, not of the policy engine): after each step the guard fits the
 run's input tokens per step (B + (n-1)·D); when the fit says the token or cost budget runs
 out within :data:`FORECAST_HORIZON_STEPS` steps of the current one, the run gets one ``warn``
 with reason token_budget / cost_budget and the forecast numbers, early enough to summarise.

@@ -1,6 +1,6 @@
 """The guard's own metrics, through the OpenTelemetry metrics SDK: a Prometheus scrape
 endpoint and/or periodic OTLP export (``guard.metrics`` in the policy file, or the
-``--metrics-*`` flags of ``otel-guard serve``). README "Guard metrics" lists every name.
+``--metrics-*`` flags of ``otel-guard serve``). The operations guide ("Guard metrics") lists every name.
 
 Cost: the ingest path pays nothing per span. Counts the registry and the store keep anyway
 (``Registry.stats``, ``Store.counters()``, ``by_tenant``) are read by observable instruments

@@ -23,7 +23,7 @@ from guard.server._decisions import FORECAST_HORIZON_STEPS
 from guard.server._spanhost import Touched
 from guard.server._state import RunState
 
-__all__ = ["NativeApplier", "applier"]
+__all__ = ["NativeApplier", "applier", "available"]
 
 
 class NativeApplier(NamedTuple):
@@ -41,6 +41,11 @@ _configured: tuple[Any, ...] | None = None
 _FUNCTIONS = (
     None if _NATIVE is None else NativeApplier(_NATIVE.apply, _NATIVE.flush, _NATIVE.conclude)
 )
+
+
+def available() -> bool:
+    """Whether the native applier runs (built, and the policy's native paths are on)."""
+    return _NATIVE is not None and record_kernels() is not None
 
 
 def applier() -> NativeApplier | None:

@@ -14,7 +14,7 @@ window). ``tests/store/test_crash.py`` rebuilds that state on disk, and strace w
 So before the engine starts, every log line that names a part no directory of the table covers
 is removed. A line whose part exists (or was merged into one that exists) is kept, so a batch that
 did commit is still dropped as a duplicate when it is replayed, and a view part that the crash
-cut off is still completed by the replay (see README, "Exactly once").
+cut off is still completed by the replay (the operations guide: "No record lost, none counted twice").
 
 This reads the engine's private files, so it is conservative: it runs only when the engine did
 not shut down cleanly (its ``status`` file, which a clean shutdown removes, is still there) and

@@ -27,7 +27,15 @@ from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store._records import DecisionRecord
 from guard.store._schema import RUN_COLUMNS
 
-__all__ = ["dead_letter_row", "decision_row", "encode_row", "run_line", "run_row", "use_native"]
+__all__ = [
+    "dead_letter_row",
+    "decision_row",
+    "encode_row",
+    "native_available",
+    "run_line",
+    "run_row",
+    "use_native",
+]
 
 encode_row = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
@@ -195,6 +203,11 @@ else:
     _NATIVE.configure(Status, Reason, DecidedBy)
 
 _line = _py_line if _NATIVE is None else _NATIVE.line
+
+
+def native_available() -> bool:
+    """Whether fast-path lines are formatted natively (built, and not turned off)."""
+    return _line is not _py_line
 
 
 def use_native(on: bool) -> bool:

@@ -1,4 +1,4 @@
-"""Versioned, idempotent schema migrations for database ``otel_guard`` (see README.md).
+"""Versioned, idempotent schema migrations for database ``otel_guard`` (see guard/store/README.md).
 
 Each migration is a list of ``IF NOT EXISTS`` statements, so a migration interrupted half-way
 (or run by two guards at once against one server) can simply run again. Applied versions are
@@ -157,7 +157,7 @@ GROUP BY minute, tenant, agent, status, reason
 
 # Records ClickHouse refused as bad data (or that could not be turned into a row at all):
 # the raw row text, the table it was meant for, the batch token and the error. Kept out of
-# `runs` so that one bad record never blocks the ones behind it (see README.md).
+# `runs` so that one bad record never blocks the ones behind it (see guard/store/README.md).
 _DEAD_LETTER = """
 CREATE TABLE IF NOT EXISTS {db}.dead_letter (
     dead_at DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1)),
