@@ -144,6 +144,11 @@ class AdminClient:
             req.until_unix = until
         return self._call("Report", req)
 
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel to the guard, for other services on the same port (health)."""
+        return self._channel
+
     def close(self) -> None:
         self._channel.close()
 

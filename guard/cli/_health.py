@@ -46,7 +46,7 @@ def check(
     # builds the channel, TLS included; health needs no token, so none is sent.
     client = AdminClient(endpoint, token="", tls_ca=tls_ca, timeout_s=timeout_s)
     try:
-        stub = health_pb2_grpc.HealthStub(client._channel)
+        stub = health_pb2_grpc.HealthStub(client.channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
         except grpc.RpcError as exc:
