@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from guard import semconv as A
 from guard.errors import RunStopped
@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ORIGIN_ATTR",
+    "Interrupt",
     "build_outcome",
     "cancel_message",
     "classify_exception",
@@ -30,6 +31,17 @@ ORIGIN_ATTR = "__otel_guard_origin__"
 
 _MODEL_MODULES = ("openai", "anthropic", "google.genai", "google.api_core", "litellm", "mistral")
 _NOT_RECOVERABLE = {Reason.LOOP_DETECTED, Reason.NO_PROGRESS, Reason.INVALID_DECISION}
+
+
+class Interrupt(NamedTuple):
+    """A stop that reached the run from outside its steps: a cancel (operator, guard, tenant
+    budget) or the SDK's own deadline. ``cancel`` is False for a deadline, which lets a run
+    that completes in the same step keep its completion."""
+
+    reason: Reason
+    detail: str
+    decided_by: DecidedBy
+    cancel: bool
 
 
 def tag(exc: BaseException, origin: str) -> None:
@@ -94,11 +106,10 @@ def final_outcome(run: Run, exc: BaseException | None) -> tuple[Outcome, bool]:
     user already saw keeps its reason even if the user caught it and returned.
     """
     intr = run.interrupt_info()
-    if intr is not None:
-        reason, detail, by, is_cancel = intr
-        if is_cancel or exc is not None:
-            msg = cancel_message(reason, detail, by)
-            return run.snapshot(REASON_STATUS[reason], reason, msg, by), True
+    if intr is not None and (intr.cancel or exc is not None):
+        msg = cancel_message(intr.reason, intr.detail, intr.decided_by)
+        status = REASON_STATUS[intr.reason]
+        return run.snapshot(status, intr.reason, msg, intr.decided_by), True
     if run.stopped is not None:
         d, by = run.stopped
         return run.snapshot(

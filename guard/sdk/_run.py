@@ -39,7 +39,7 @@ from guard.policy import (
     Status,
 )
 from guard.sdk._implicit import Means
-from guard.sdk._outcome import build_outcome
+from guard.sdk._outcome import Interrupt, build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
 from guard.sdk._run_flow import RunFlow
 from guard.sdk._tool_ledger import ToolLedger
@@ -136,7 +136,7 @@ class Run(RunFlow):
         self._procs: list[TrackedProcess] = []
         self._cancel_cbs: list[Callable[[], Any]] = []
         self._directive_cbs: list[Callable[[str, str, str], Any]] = []
-        self._interrupt: tuple[Reason, str, DecidedBy, bool] | None = None
+        self._interrupt: Interrupt | None = None
         self.interrupted = False  # _interrupt is not None (RunFlow.interrupted)
         self._pending: Decision | None = None
         self.stopped: tuple[Decision, DecidedBy] | None = None  # a stop raised to the user
@@ -290,7 +290,7 @@ class Run(RunFlow):
                 # task in the middle of the code's own handling of that stop.
                 return True
             # 1. refuse new work: every SDK call raises from now on.
-            self._interrupt = (reason, detail, by, cancel)
+            self._interrupt = Interrupt(reason, detail, by, cancel)
             self.interrupted = True
             children = list(self._children)
             procs, self._procs = self._procs, []
@@ -356,7 +356,7 @@ class Run(RunFlow):
     def snapshot(self, status: Status, reason: Reason, message: str, by: DecidedBy) -> Outcome:
         return build_outcome(self, status, reason, message, by)
 
-    def interrupt_info(self) -> tuple[Reason, str, DecidedBy, bool] | None:
+    def interrupt_info(self) -> Interrupt | None:
         return self._interrupt
 
     def end(self) -> list[TrackedProcess]:

@@ -34,7 +34,7 @@ from guard.policy import (
     SoftLevel,
     Status,
 )
-from guard.sdk._outcome import cancel_message
+from guard.sdk._outcome import Interrupt, cancel_message
 from guard.sdk._procs import safe_call
 from guard.sdk._reserve import tenant_after_call
 
@@ -76,7 +76,7 @@ class RunFlow:
     # plain attribute (set once, with the interrupt) because the hot paths read it per call.
     interrupted: bool
     _lock: threading.RLock
-    _interrupt: tuple[Reason, str, DecidedBy, bool] | None
+    _interrupt: Interrupt | None
     _pending: Decision | None
     _directive_cbs: list[Any]
 
@@ -96,9 +96,11 @@ class RunFlow:
         """Raise ``RunStopped`` for an interrupt or a pending stop (no new policy evaluation)."""
         intr = self._interrupt
         if intr is not None:
-            reason, detail, by, _ = intr
-            msg = cancel_message(reason, detail, by)
-            self.raise_stop(Decision(Action.STOP, REASON_STATUS[reason], reason, message=msg), by)
+            msg = cancel_message(intr.reason, intr.detail, intr.decided_by)
+            status = REASON_STATUS[intr.reason]
+            self.raise_stop(
+                Decision(Action.STOP, status, intr.reason, message=msg), intr.decided_by
+            )
         pending = self._pending
         if pending is not None:
             self.raise_stop(pending, DecidedBy.SDK)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from guard.errors import InvalidInput
 from guard.policy import Phase, Usage
 from guard.server._decisions import _forecast_due
 from guard.server._nativeapply import applier
@@ -211,7 +212,7 @@ class SpanApplier(SpanEdges):
                     run.last_action_hash = fp
                     try:
                         verdict = run.loop.observe_action(fp, o[RESULT_HASH])
-                    except ValueError as exc:  # refused, as before: the call still counts
+                    except InvalidInput as exc:  # refused, as before: the call still counts
                         run.budget.record_tool_calls(1, attempts=attempts)
                         usage.tool_calls += 1
                         usage.tool_attempts += attempts
@@ -237,7 +238,7 @@ class SpanApplier(SpanEdges):
                     )
                     index = o[STEP_INDEX] or budget.usage().steps
                     run.forecaster.observe(index, run.step_input_tokens)
-                except ValueError as exc:  # InvalidInput from the policy: the span is refused
+                except InvalidInput as exc:  # from the policy: the span is refused
                     rejected += 1
                     if len(errors) < 5:
                         errors.append(str(exc))
@@ -269,7 +270,7 @@ class SpanApplier(SpanEdges):
                         cached_tokens=cached,
                         cost_usd=cost,
                     )
-                except ValueError as exc:  # InvalidInput from the budget: the span is refused
+                except InvalidInput as exc:  # from the budget: the span is refused
                     rejected += 1
                     if len(errors) < 5:
                         errors.append(str(exc))

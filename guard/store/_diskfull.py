@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import time
 from pathlib import Path
 
 from guard.errors import StoreError
+from guard.store._backoff import Backoff
 
 __all__ = ["DiskState", "RecordNotDurable", "probe_writable"]
 
@@ -46,8 +46,7 @@ class DiskState:
         self.refused = 0  # run records refused (not acknowledged) since the store opened
         self.episodes = 0
         self._refused_before = 0
-        self._backoff_s = 0.0
-        self.next_probe = 0.0  # monotonic time of the writer's next retry or probe
+        self._retry = Backoff(min_s=_PROBE_MIN_S, max_s=_PROBE_MAX_S)
 
     def failed(self, what: str, ex: BaseException) -> None:
         """A write to the data dir failed: start an episode (one WARNING line, the first
@@ -58,7 +57,7 @@ class DiskState:
             self.reason = f"{what}: {ex}"
             self.episodes += 1
             self._refused_before = self.refused
-            self._backoff_s = 0.0
+            self._retry.reset()
             log.warning(
                 "store: cannot write the data dir (%s): disk full or failing. New run records "
                 "are not acknowledged (agents keep and resend them); records already "
@@ -68,21 +67,19 @@ class DiskState:
             self.backoff()  # later failures leave the schedule alone: the writer backs off
 
     def backoff(self) -> None:
-        """Schedule the next retry: exponential from 0.25 s to 5 s, full jitter (0.5-1x), so
-        the replicas of a fleet sharing one full volume do not probe in step."""
-        self._backoff_s = min(_PROBE_MAX_S, max(_PROBE_MIN_S, self._backoff_s * 2))
-        self.next_probe = time.monotonic() + self._backoff_s * random.uniform(0.5, 1.0)
+        """Schedule the next retry or probe: from 0.25 s to 5 s, jittered (:class:`Backoff`)."""
+        self._retry.failed()
 
     def due(self) -> bool:
-        return time.monotonic() >= self.next_probe
+        return self._retry.due()
 
     def cleared(self, held_written: int = 0) -> None:
         """Writes succeed again and nothing is held in memory: end the episode (one INFO
         line)."""
         if self.full:
             self.full = False
-            self._backoff_s = 0.0
-            self.next_probe = 0.0
+            self._retry.reset()
+            self._retry.retry_now()
             log.info(
                 "store: the data dir is writable again after %.1fs (%d held records written, "
                 "%d run records refused meanwhile); acknowledging records again",

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from guard.store._backoff import Backoff
 from guard.store._claims import RecordClaims
 from guard.store._dedup import CommittedRuns, RecentIds, without
 from guard.store._diskfull import DiskState, probe_writable
@@ -90,8 +91,8 @@ class Writer(threading.Thread):
         self.caught_up = False  # every accepted record is in ClickHouse or the spool
         self.failed_at = 0.0  # monotonic time of the last failed insert
         self._next_seq = 1
-        self._down_until = 0.0
-        self._backoff_s = 0.0
+        # ClickHouse down: retry from 0.25 s to 30 s, jittered so replicas don't retry in step
+        self._ch_retry = Backoff(min_s=0.25, max_s=30.0)
         self._recent = RecentIds(_RECENT_RUN_IDS)
         self.committed = CommittedRuns(database)
         self.disk = disk if disk is not None else DiskState()  # shared with the store (lock)
@@ -264,7 +265,7 @@ class Writer(threading.Thread):
     def _live(self) -> bool:
         """May a batch go to ClickHouse now (nothing spooled or held ahead of it, not
         backing off)?"""
-        return not self.held and not self._spool.pending and time.monotonic() >= self._down_until
+        return not self.held and not self._spool.pending and self._ch_retry.due()
 
     def _client(self) -> Any:
         if self.client is None:
@@ -275,7 +276,7 @@ class Writer(threading.Thread):
         if kind != "r" and self._live():  # "r": not checked against ClickHouse: spool it
             try:
                 self._insert_isolating(kind, token, rows)
-                self._backoff_s = 0.0
+                self._ch_retry.reset()
                 return
             except Exception as ex:
                 self._mark_down(ex)
@@ -372,7 +373,7 @@ class Writer(threading.Thread):
         self._held_written = 0
 
     def _replay(self) -> None:
-        while self._spool.pending and time.monotonic() >= self._down_until:
+        while self._spool.pending and self._ch_retry.due():
             progressed = False
             for end, kind, token, n, blob in self._spool.peek():
                 try:
@@ -381,7 +382,7 @@ class Writer(threading.Thread):
                     self._mark_down(ex)
                     return
                 self._spool.advance(end)
-                self._backoff_s = 0.0
+                self._ch_retry.reset()
                 progressed = True
             if not progressed:
                 return
@@ -440,15 +441,12 @@ class Writer(threading.Thread):
 
     def _mark_down(self, ex: Exception) -> None:
         self.failed_at = time.monotonic()
-        self._backoff_s = min(30.0, max(0.25, self._backoff_s * 2))
-        self._down_until = time.monotonic() + self._backoff_s
-        log.warning(
-            "store: ClickHouse insert failed (%s); spooling, retry in %.2fs", ex, self._backoff_s
-        )
+        wait_s = self._ch_retry.failed()
+        log.warning("store: ClickHouse insert failed (%s); spooling, retry in %.2fs", ex, wait_s)
 
     def retry_now(self) -> None:
         """Forget the backoff (flush/close want the spool replayed now)."""
-        self._down_until = 0.0
+        self._ch_retry.retry_now()
 
     def insert(self, kind: str, token: str, rows: str | list[str]) -> None:
         """One idempotent insert of JSONCompactEachRow rows (a blob or a list of row JSON).
