@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from guard._wire_values import limits_from_pb, usage_from_pb
 from guard.bounds import (
     MAX_COST_USD_PER_RECORD,
     MAX_FUTURE_S,
@@ -22,7 +23,6 @@ from guard.bounds import (
 )
 from guard.errors import InputTooLarge, InvalidInput
 from guard.v1 import guard_pb2 as pb
-from guard.wire import limits_from_pb, usage_from_pb  # defined before guard.wire imports this
 
 __all__ = [
     "MAX_BATCH_BYTES",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from guard._wire_values import limits_to_pb, usage_to_pb
 from guard.policy._types import Limits, Usage
 from guard.v1 import guard_pb2 as pb
 
@@ -62,8 +63,6 @@ def admit_to_pb(
     last = _ADMIT_LAST[0]
     limits = last[1] if last[0] is effective else _ADMIT_LIMITS.get(effective)
     if limits is None:
-        from guard.wire import limits_to_pb
-
         limits = limits_to_pb(effective)
         if len(_ADMIT_LIMITS) >= _ADMIT_LIMITS_MAX:
             _ADMIT_LIMITS.clear()  # many distinct limits (requested per run): start over
@@ -158,8 +157,6 @@ def run_status_to_pb(
     connected: bool,
     guard_id: str = "",
 ) -> pb.RunStatus:
-    from guard.wire import limits_to_pb, usage_to_pb
-
     return pb.RunStatus(
         run_id=run_id,
         parent_run_id=parent_run_id,

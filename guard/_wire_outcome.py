@@ -14,6 +14,7 @@ import dataclasses
 import time
 
 from guard._wire_checks import ids_fit
+from guard._wire_values import _usage_counters, usage_from_pb, usage_to_pb
 from guard.bounds import (
     MAX_COST_USD_PER_RECORD,
     MAX_COUNTER,
@@ -29,7 +30,6 @@ from guard.bounds import (
 from guard.errors import InvalidInput
 from guard.policy._types import USAGE_COUNTERS, DecidedBy, Outcome, Reason, Status
 from guard.v1 import guard_pb2 as pb
-from guard.wire import _usage_counters, usage_from_pb, usage_to_pb  # defined before this
 
 __all__ = ["outcome_from_pb", "outcome_to_pb"]
 

@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,14 +43,26 @@ from guard.errors import RunStopped
 from guard.integrations._estimate import Prompt, output_tokens, prompt_tokens
 from guard.integrations._framework_runs import outermost
 from guard.integrations._framework_runs import swallowed as _swallowed
+from guard.integrations._steps import (
+    active_run,
+    end_inferred_step,
+    errors,
+    note_error,
+    step_for,
+)
+from guard.integrations._tools import ToolCall, admit_tool
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
-from guard.sdk._foreign import note_integrated
+
+# COUNTED_KEY: the OpenTelemetry context key set while an integration's guarded model call is
+# in flight: a third-party span started under it is the same call, already counted by the
+# integration (the SDK's processor of third-party spans reads it: guard.sdk._foreign).
+from guard.sdk._foreign import COUNTED_KEY, note_integrated
 from guard.sdk._foreign_calls import record_integrated
 from guard.sdk._reserve import current_reservation, make_reservation
-from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._run import Run
 from guard.sdk._scope import RunScope
-from guard.sdk._step import Step, _current_step, current_step
+from guard.sdk._step import Step
 
 __all__ = [
     "COUNTED_KEY",
@@ -72,37 +81,6 @@ __all__ = [
     "note_error",
     "step_for",
 ]
-
-log = logging.getLogger("guard.integrations")
-
-# The OpenTelemetry context key set while an integration's guarded model call is in flight:
-# a third-party span started under it is the same call, already counted by the integration
-# (the SDK's processor of third-party spans reads it: guard.sdk._foreign).
-from guard.sdk._foreign import COUNTED_KEY  # noqa: E402
-
-_errors: dict[str, int] = {}
-_errors_lock = threading.Lock()
-_LOGGED_PER_SITE = 5  # then only counted: a broken hook must not flood the logs
-
-
-def note_error(site: str) -> None:
-    """Log (the first few per site) and count a guard-side failure; call from ``except``."""
-    with _errors_lock:
-        n = _errors[site] = _errors.get(site, 0) + 1
-    if n <= _LOGGED_PER_SITE:
-        log.exception("otel-guard integration: %s failed (the call goes on unguarded)", site)
-
-
-def errors() -> dict[str, int]:
-    """Guard-side failures of the integrations, per site (never raised to the user)."""
-    with _errors_lock:
-        return dict(_errors)
-
-
-def active_run() -> Run | None:
-    """The live ``@guard.run`` of this context, or ``None`` (a plain client is not an agent)."""
-    run = current_run_or_none()
-    return run if run is not None and run.live else None
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -153,94 +131,6 @@ async def in_run_async(agent: str, fn: Callable[..., Any], *args: Any, **kwargs:
             return await in_run_async(agent, fn, *args, **kwargs)
     with _framework_run(run):
         return await fn(*args, **kwargs)
-
-
-# -- inferred steps --------------------------------------------------------------------------
-class _Inferred:
-    """The step an integration opened for a run whose code opened none (one per run)."""
-
-    __slots__ = ("lock", "step", "tools_at_open")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.step: Step | None = None
-        self.tools_at_open = 0
-
-    def open(self, run: Run) -> Step:
-        st = Step(run)
-        st.__enter__()  # the SDK's own step start: the checks, the count, the span
-        # ... but not in the caller's context: a step that outlives this call must not leave
-        # a context token behind (frameworks open and close their own spans around it).
-        _current_step.reset(st._token)
-        otel_context.detach(st._otel_token)
-        self.step, self.tools_at_open = st, run.budget.usage().tool_calls
-        run.inferred_step = st  # where guard.progress() reports from inside the framework
-        return st
-
-    def close(self, run: Run) -> None:
-        st, self.step = self.step, None
-        run.inferred_step = None
-        if st is None or st.span is None:
-            return
-        # Tool calls recorded while it was open (@guard.tool records under the run) are the
-        # step's actions: they make an unchanged state a stale step.
-        st.tool_calls += max(0, run.budget.usage().tool_calls - self.tools_at_open)
-        st._otel_token = otel_context.attach(st._ctx)  # re-entered for a clean, in-order exit
-        st._token = _current_step.set(st)
-        st.__exit__(None, None, None)
-
-
-_inferred: weakref.WeakKeyDictionary[Run, _Inferred] = weakref.WeakKeyDictionary()
-_inferred_lock = threading.Lock()
-
-
-def _tracker(run: Run) -> _Inferred:
-    with _inferred_lock:
-        tr = _inferred.get(run)
-        if tr is None:
-            tr = _inferred[run] = _Inferred()
-            end = run.end
-
-            def end_with_step() -> Any:  # the run's end closes its last inferred step
-                end_inferred_step(run)
-                return end()
-
-            # The SDK has no run-end hook yet: this run's own end() is wrapped (instance only).
-            run.end = end_with_step  # type: ignore[method-assign]
-    return tr
-
-
-def step_for(run: Run, *, new_turn: bool) -> Step:
-    """The step a model call or tool call belongs to: the code's own open step of ``run``, else
-    the inferred one. ``new_turn`` (a model call): close the inferred step and open the next
-    one, so a step is one model turn plus the tools it asked for. Opening a step runs the
-    before-step checks (``RunStopped`` for max_steps, a cancel, a pending stop)."""
-    st = current_step()
-    if st is not None and st.run is run and st.span is not None:
-        return st
-    tr = _tracker(run)
-    with tr.lock:
-        cur = tr.step
-        if cur is not None and not new_turn:
-            return cur
-        if cur is not None:
-            try:
-                tr.close(run)
-            except Exception:
-                note_error("closing an inferred step")
-        return tr.open(run)
-
-
-def end_inferred_step(run: Run) -> None:
-    """Close ``run``'s inferred step, if one is open (the framework's run or the run ended)."""
-    tr = _inferred.get(run)
-    if tr is None:
-        return
-    with tr.lock:
-        try:
-            tr.close(run)
-        except Exception:
-            note_error("closing an inferred step")
 
 
 # -- model calls -----------------------------------------------------------------------------
@@ -415,6 +305,3 @@ async def abegin_model_call(
             _held(await res.__aenter__())
         return ModelCall(run, step, model, operation, res)
     return None
-
-
-from guard.integrations._tools import ToolCall, admit_tool  # noqa: E402  (part of this API)

@@ -1,4 +1,5 @@
-"""Tool admission for framework integrations (part of :mod:`guard.integrations._base`)."""
+"""Tool admission for framework integrations (part of :mod:`guard.integrations._base`, which
+re-exports both names)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from guard.integrations._base import active_run, note_error, step_for
+from guard.integrations._steps import active_run, note_error, step_for
 from guard.sdk._batch import call_name_args
 from guard.sdk._calls import MISSING, record_tool_call, reserve_tool
 from guard.sdk._run import Run
