@@ -30,17 +30,22 @@ _ERRORS: dict[grpc.StatusCode, type[GuardError]] = {
 }
 
 
-def add_client_arguments(parser: argparse.ArgumentParser) -> None:
-    """--endpoint, --token, --tls-ca, --timeout for commands that talk to a running guard."""
+def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """--endpoint and --tls-ca: where the running guard is and how to verify it."""
     parser.add_argument(
         "--endpoint",
         default=None,
         help="guard HOST:PORT (default $OTEL_GUARD_ENDPOINT, else 127.0.0.1:4317)",
     )
+    parser.add_argument("--tls-ca", default=None, help="PEM CA to verify a TLS guard")
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """--endpoint, --token, --tls-ca, --timeout for commands that talk to a running guard."""
+    add_endpoint_arguments(parser)
     parser.add_argument(
         "--token", default=None, help="admin or tenant token (default $OTEL_GUARD_ADMIN_TOKEN)"
     )
-    parser.add_argument("--tls-ca", default=None, help="PEM CA to verify a TLS guard")
     parser.add_argument("--timeout", type=float, default=10.0, help="RPC timeout in seconds")
 
 

@@ -15,11 +15,9 @@ __all__ = ["add_arguments", "check", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--endpoint",
-        default=None,
-        help="guard HOST:PORT (default $OTEL_GUARD_ENDPOINT, else 127.0.0.1:4317)",
-    )
+    from guard.cli._client import add_endpoint_arguments
+
+    add_endpoint_arguments(parser)
     parser.add_argument(
         "--service",
         default="",
@@ -28,7 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=3.0, help="give up after this many seconds (default 3)"
     )
-    parser.add_argument("--tls-ca", default=None, help="PEM CA to verify a TLS guard")
 
 
 def check(
