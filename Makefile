@@ -15,7 +15,7 @@ PYTEST_SEEDED = PYTHONHASHSEED=$(TEST_SEED) $(PY) -m pytest --randomly-seed=$(TE
 	--hypothesis-seed=$(TEST_SEED) --durations=15
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-exhaustive lint format docs docs-serve diagrams docs-assets bench proto clean
+.PHONY: demo test test-exhaustive test-asan lint format docs docs-serve diagrams docs-assets bench proto clean
 
 $(STAMP): pyproject.toml setup.py guard/policy/_speedups.c guard/server/_otlpnative.c guard/server/_otlp_*.h guard/server/_applynative.c guard/server/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -76,6 +77,12 @@ test-exhaustive: $(STAMP)
 	@echo ">> test seed $(TEST_SEED) (replay: make test-exhaustive TEST_SEED=$(TEST_SEED))"
 	OTEL_GUARD_HYPOTHESIS_PROFILE=exhaustive $(PYTEST_SEEDED) -n 2 --dist loadfile \
 		--timeout 1800 tests/policy tests/server tests/store tests/redisstate $(PYTEST_ARGS)
+
+# The native extensions built with ASan+UBSan into a scratch copy (the in-place build is left
+# alone), then the native differential tests and tests/native (hostile objects) under them:
+# any sanitizer report fails it (scripts/asan.sh).
+test-asan: $(STAMP)
+	PY=$(PY) bash scripts/asan.sh $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py --out benchmarks/results.json

@@ -31,7 +31,7 @@ TOKEN = {"admin": "flood-admin", "a": "tok-a", "b": "tok-b", "c": "tok-c"}
 CANARIES = ("b", "c")
 LIMIT_USD = 0.10
 SHED_WORDS = ("refus", "shed", "reject", "drop", "overload", "capacity", "lost", "unheld")
-TICK_S = 0.010  # the guard's loop-lag monitor tick (guard.server._looplag)
+TICK_S = 0.010  # the guard's loop-lag monitor tick (guard.server.runtime._looplag)
 SCRIPT = str(Path(__file__).resolve().parent / "bench_flood.py")
 
 

@@ -1,4 +1,4 @@
-"""Memory of the run directory in Redis (``guard.server._redis._directory``): bytes per 1,000
+"""Memory of the run directory in Redis (``guard.server.directory._redis``): bytes per 1,000
 live runs (``MEMORY USAGE`` of their entries, and ``used_memory`` before/after), against a
 real redis-server on loopback, plus the round trips of a claim batch and a heartbeat.
 Prints JSON.
@@ -20,8 +20,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from guard.policy import Budget, Limits  # noqa: E402
 from guard.server._redis import StateClient  # noqa: E402
-from guard.server._redis._directory import RedisDirectory  # noqa: E402
-from guard.server._state import RunState  # noqa: E402
+from guard.server.directory._redis import RedisDirectory  # noqa: E402
+from guard.server.runs._state import RunState  # noqa: E402
 from tests.redisstate._server import RedisServer  # noqa: E402
 
 

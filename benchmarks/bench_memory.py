@@ -21,9 +21,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from guard.policy import PolicyConfig
 from guard.server import NullSink, decode_request
-from guard.server._auth import ANONYMOUS
-from guard.server._fanout import AgentSession
-from guard.server._registry import Registry
+from guard.server.control._fanout import AgentSession
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import ANONYMOUS
 from guard.v1 import guard_pb2 as pb
 
 

@@ -5,7 +5,7 @@ streams its RSS is the baseline. Then N control streams each send a Hello, a Run
 run id is ``--mb`` MB (over the control stream's size limit), and a good RunStarted; the
 RSS right after them (peak) and ``--settle-s`` later (after) are read with psutil. Prints
 JSON. ``--no-trim`` disables the guard's ``malloc_trim`` after large refusals and
-``--no-tune`` its fixed mmap threshold (``guard.server._memtrim``), to show what the
+``--no-tune`` its fixed mmap threshold (``guard.server.runtime._memtrim``), to show what the
 allocator keeps without them. ``--src DIR`` runs the guard from another source tree (e.g.
 an export of an older commit) to compare.
 
@@ -35,7 +35,7 @@ from guard.v1 import guard_pb2_grpc
 GUARD = r"""
 import asyncio, os, sys
 try:
-    import guard.server._memtrim as memtrim
+    import guard.server.runtime._memtrim as memtrim
     if os.environ.get("BENCH_NO_TRIM"):
         memtrim.after_refusal = lambda size, now=None: False
     if os.environ.get("BENCH_NO_TUNE"):

@@ -30,8 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from guard.policy import RollingLimit, TenantLimits, Usage  # noqa: E402
 from guard.server._redis import RedisTenantBudgets, StateClient  # noqa: E402
-from guard.server._redis._budgets import RecordBatch  # noqa: E402
 from guard.server._redis._client import _CPacked  # noqa: E402
+from guard.server.tenants._redis_budgets import RecordBatch  # noqa: E402
 from tests.redisstate._server import RedisServer  # noqa: E402
 
 LIMITS = TenantLimits(

@@ -198,7 +198,7 @@ def per_run_overshoot(threads: int = 8, limit: float = 0.10, price: float = 0.02
                 t.start()
             for t in ts:
                 t.join()
-            seen["usage"] = guard.current_run().budget.usage()
+            seen["usage"] = guard.current_run().usage()
 
         with contextlib.suppress(guard.RunStopped):
             agent()

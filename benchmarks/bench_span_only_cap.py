@@ -22,8 +22,8 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from guard.policy import PolicyConfig
 from guard.server import MemorySink, decode_request
-from guard.server._auth import Principal
-from guard.server._registry import Registry
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import Principal
 
 BATCH = 512
 

@@ -46,7 +46,7 @@ import uuid
 from pathlib import Path
 
 from guard.policy._types import REASON_STATUS, DecidedBy, Outcome, Reason
-from guard.server._gc import bound_gc_pauses
+from guard.server.runtime._gc import bound_gc_pauses
 from guard.store import _rows, open_store
 from guard.store._dedup import CommittedRuns
 from guard.store._schema import RUN_COLUMNS, migrate

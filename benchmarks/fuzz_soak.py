@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from _net import start_guard  # noqa: E402  (benchmarks/ is on sys.path as a script)
 
 from guard.server import NullSink  # noqa: E402
-from guard.server._gc import bound_gc_pauses  # noqa: E402
+from guard.server.runtime._gc import bound_gc_pauses  # noqa: E402
 from tests.server.fuzz_remote import Remote, drive, remote_violations  # noqa: E402
 from tests.server.fuzz_target import InProcess, violations  # noqa: E402
 from tests.server.fuzzing import Fuzzer, fuzz_config  # noqa: E402

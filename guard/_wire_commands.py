@@ -221,10 +221,12 @@ def stats_response_to_pb(guard_id: str, figures: Mapping[str, float]) -> pb.Stat
 
 def run_status_to_hex(status: pb.RunStatus) -> str:
     """A run status as text for a replica's answer to a fleet ListRuns (JSON over Redis)."""
-    return status.SerializeToString().hex()
+    data: bytes = status.SerializeToString()
+    return data.hex()
 
 
 def run_status_from_hex(text: str) -> pb.RunStatus:
     """The inverse of :func:`run_status_to_hex`; raises ``ValueError`` (or protobuf's
     ``DecodeError``) on text that is not one."""
-    return pb.RunStatus.FromString(bytes.fromhex(text))
+    status: pb.RunStatus = pb.RunStatus.FromString(bytes.fromhex(text))
+    return status

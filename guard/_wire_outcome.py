@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from guard._wire_checks import ids_fit
 from guard._wire_values import _usage_counters, usage_from_pb, usage_to_pb
@@ -30,6 +31,9 @@ from guard.bounds import (
 from guard.errors import InvalidInput
 from guard.policy._types import USAGE_COUNTERS, DecidedBy, Outcome, Reason, Status
 from guard.v1 import guard_pb2 as pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from enum import Enum
 
 __all__ = ["outcome_from_pb", "outcome_to_pb"]
 
@@ -64,7 +68,7 @@ def outcome_to_pb(outcome: Outcome) -> pb.Outcome:
     return msg
 
 
-def _enum(kind: type, field: str, value: str, default: object = None) -> object:
+def _enum(kind: type[Enum], field: str, value: str, default: object = None) -> object:
     if not value and default is not None:
         return default
     try:
@@ -151,6 +155,7 @@ def outcome_from_pb(msg: pb.Outcome) -> Outcome:
         and by is not None
     ):
         _check_outcome(msg)  # raises what failed, in the checks' order
+        assert st is not None and why is not None and by is not None  # (it raised otherwise)
     return Outcome(
         run_id,
         st,

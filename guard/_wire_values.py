@@ -33,6 +33,8 @@ from guard.policy._types import (
 from guard.v1 import guard_pb2 as pb
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
     from guard.policy import PolicyConfig, PriceBook
 
 __all__ = [
@@ -107,10 +109,10 @@ def limits_from_pb(msg: pb.Limits | None) -> Limits:
             kw[name] = check_count(f"limits.{name}", value)
     for name in _FLOAT_LIMITS:
         if msg.HasField(name):
-            value = _finite(f"limits.{name}", getattr(msg, name))
-            if value < 0:
-                raise InvalidInput(f"limits.{name} must be >= 0 (got {value})")
-            kw[name] = check_finite(f"limits.{name}", value, _FLOAT_MAX.get(name, MAX_LIMIT_S))
+            number = _finite(f"limits.{name}", getattr(msg, name))
+            if number < 0:
+                raise InvalidInput(f"limits.{name} must be >= 0 (got {number})")
+            kw[name] = check_finite(f"limits.{name}", number, _FLOAT_MAX.get(name, MAX_LIMIT_S))
     if len(msg.soft_thresholds) > _MAX_THRESHOLDS:
         raise InputTooLarge(
             f"limits.soft_thresholds has {len(msg.soft_thresholds)} entries (max {_MAX_THRESHOLDS})"
@@ -182,7 +184,10 @@ def usage_to_pb(usage: Usage | None) -> pb.Usage:
     return msg
 
 
-_usage_counters = operator.attrgetter(*USAGE_COUNTERS)
+# The eight counters of USAGE_COUNTERS, in its order.
+_usage_counters: Callable[[pb.Usage], tuple[int, int, int, int, int, int, int, int]] = (
+    operator.attrgetter(*USAGE_COUNTERS)
+)
 # Usage(*counters) below relies on this order (one RunEnded / allowance request each)
 assert tuple(f.name for f in dataclasses.fields(Usage))[: len(USAGE_COUNTERS)] == USAGE_COUNTERS
 

@@ -1,7 +1,7 @@
 """Bounds on every value the guard accepts from the wire, which it treats as hostile input.
 
 One place for the numbers, shared by the wire conversions (``guard.wire``), the span
-decoders (``guard.server._pydecode`` and the native one), the control stream and the admin
+decoders (``guard.server.decode._pydecode`` and the native one), the control stream and the admin
 service. A value outside its bound refuses its request: :class:`~guard.errors.InvalidInput`
 (INVALID_ARGUMENT) for a bad value, :class:`~guard.errors.InputTooLarge`
 (RESOURCE_EXHAUSTED) for a size. The checks return the value so call sites stay one line.
@@ -52,7 +52,7 @@ MIN_UNIX_S = 946_684_800.0  # 2000-01-01T00:00:00Z
 MAX_FUTURE_S = 86_400.0  # a timestamp may be this far ahead of the guard's clock
 # A termination record's timestamps this far behind the guard's clock are a broken agent
 # clock, not a late record (the SDK holds records only while its process lives): the guard
-# replaces them by its receive time (``guard.server._record_in``).
+# replaces them by its receive time (``guard.server.runs._record_in``).
 MAX_RECORD_AGE_S = 30 * 86_400.0
 MAX_QUERY_UNIX_S = 4_102_444_800.0  # 2100-01-01: Report since/until
 MAX_RUNS_PER_MESSAGE = 10_000  # Hello.live_runs and Heartbeat.runs entries in one message

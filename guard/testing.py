@@ -154,6 +154,14 @@ class FakeModel:
 ToolFn = Callable[..., Any]
 
 
+def _answered(step: Any, reply: Any) -> bool:
+    """Record the model call of ``reply``; True when it is the final answer (no tool calls)."""
+    step.model_call(
+        model=reply.model, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens
+    )
+    return not reply.tool_calls
+
+
 async def run_agent_loop(model: FakeModel, tools: Mapping[str, ToolFn], *, prompt: str = "") -> str:
     """A plain async tool loop instrumented with the SDK (call it inside ``@guard.run``).
 
@@ -165,12 +173,7 @@ async def run_agent_loop(model: FakeModel, tools: Mapping[str, ToolFn], *, promp
     while True:
         async with guard.step() as step:
             reply = await model.acomplete(messages)
-            step.model_call(
-                model=reply.model,
-                input_tokens=reply.input_tokens,
-                output_tokens=reply.output_tokens,
-            )
-            if not reply.tool_calls:
+            if _answered(step, reply):
                 return reply.text
 
             async def call(tc: ToolCall) -> Any:
@@ -190,12 +193,7 @@ def run_agent_loop_sync(model: FakeModel, tools: Mapping[str, ToolFn], *, prompt
     while True:
         with guard.step() as step:
             reply = model.complete(messages)
-            step.model_call(
-                model=reply.model,
-                input_tokens=reply.input_tokens,
-                output_tokens=reply.output_tokens,
-            )
-            if not reply.tool_calls:
+            if _answered(step, reply):
                 return reply.text
             for tc in reply.tool_calls:
                 result = tools[tc.name](**tc.args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from guard.semconv import CONTENT_ATTRIBUTES, is_content_attribute, is_content_event
-from guard.server._schema import KEYS as _KEYS
+from guard.server.decode._schema import KEYS as _KEYS
 
 CONTENT = [
     # current semconv

@@ -113,7 +113,7 @@ class AdminClient:
         reason: str = "",
     ) -> list[str]:
         """Cancel by exactly one selector; returns the run ids that were live."""
-        chosen = [
+        chosen: list[tuple[str, Any]] = [
             (k, v)
             for k, v in (("run_id", run_id), ("tenant", tenant), ("agent", agent), ("all", all))
             if v

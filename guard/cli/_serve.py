@@ -10,7 +10,7 @@ The guard's own metrics are off unless ``--metrics-listen`` (a Prometheus scrape
 or ``--metrics-otlp`` (OTLP export, e.g. to a collector) is given, or the policy file's
 ``guard.metrics`` section sets them; the flags override the file key by key. ``--guard-id``
 (or ``OTEL_GUARD_ID``) names the replica in its records and on every metric series.
-``--http-listen`` adds the OTLP/HTTP receiver (``POST /v1/traces``, see ``guard.server._http``).
+``--http-listen`` adds the OTLP/HTTP receiver (``POST /v1/traces``, see ``guard.server.otlp._http``).
 ``OTEL_GUARD_PURE_PYTHON=1`` runs the pure-Python reference paths instead of the native ones
 (the span decoder, fingerprints, loop detection): what an install without a C compiler gets.
 Either way, a WARNING at start names the native paths that are not running
@@ -221,7 +221,7 @@ async def _serve(args: argparse.Namespace, config: Any, sink: Any) -> None:
         http_listen=http_listen(args),
     )
     await server.start()
-    from guard.server._gc import bound_gc_pauses
+    from guard.server.runtime._gc import bound_gc_pauses
 
     bound_gc_pauses()  # full collections would otherwise hold the loop for 100 ms
     metrics = server.metrics.address if server.metrics is not None else None

@@ -245,6 +245,7 @@ class _Demo:
             canceller.cancel()
             # Every RunEnded the agents sent must have reached the sink before we stop.
             until = time.time() + 10.0
+            assert demo_guard.sink is not None  # the demo guard's tee sink
             while demo_guard.sink.runs_written < len(self.outcomes) and time.time() < until:
                 await asyncio.sleep(0.1)
             if demo_guard.sink.runs_written < len(self.outcomes):

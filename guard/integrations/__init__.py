@@ -18,9 +18,13 @@ import importlib.util
 import logging
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from guard.errors import ConfigError
 from guard.sdk._polls import clear_polls, declare_polls
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import ModuleType
 
 __all__ = ["KNOWN", "enabled", "instrument", "uninstrument"]
 
@@ -111,9 +115,9 @@ def instrument(*names: str, polls: Iterable[str] = ()) -> list[str]:
     return out
 
 
-def _undo(mod: object) -> None:
+def _undo(mod: ModuleType) -> None:
     try:
-        mod.disable()  # type: ignore[attr-defined]  (what enable() patched before it failed)
+        mod.disable()  # what enable() patched before it failed
     except Exception:
         log.exception("otel-guard: undoing a failed integration")
 

@@ -51,6 +51,7 @@ from guard.integrations._steps import (
     step_for,
 )
 from guard.integrations._tools import ToolCall, admit_tool
+from guard.integrations._twins import Body, adrive, drive
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
 
@@ -60,7 +61,7 @@ from guard.sdk._decorator import agent_spec
 from guard.sdk._foreign import COUNTED_KEY, note_integrated
 from guard.sdk._foreign_calls import record_integrated
 from guard.sdk._reserve import current_reservation, make_reservation
-from guard.sdk._run import Run
+from guard.sdk._run import LiveRun
 from guard.sdk._scope import RunScope
 from guard.sdk._step import Step
 
@@ -73,6 +74,7 @@ __all__ = [
     "abegin_model_call",
     "active_run",
     "admit_tool",
+    "begin_call",
     "begin_model_call",
     "end_inferred_step",
     "errors",
@@ -85,7 +87,7 @@ __all__ = [
 
 # -- runs ------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _framework_run(run: Run) -> Iterator[None]:
+def _framework_run(run: LiveRun) -> Iterator[None]:
     """Around a framework's run attached to ``run``: the inferred step closes when the
     outermost framework run of ``run`` ends (a nested one shares it), and a stop it swallowed
     or wrapped comes out as ``RunStopped``. A ``GeneratorExit`` (the caller stopped reading a
@@ -112,25 +114,25 @@ def in_run(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any
     (when the outermost one of the run ends, for a framework run nested in another).
     """
     run = active_run()
-    if run is None:
-        if get_settings().disabled:
+    if run is not None:
+        with _framework_run(run):
             return fn(*args, **kwargs)
-        with RunScope(agent_spec(agent)):  # a run of its own, named after the agent
-            return in_run(agent, fn, *args, **kwargs)
-    with _framework_run(run):
+    if get_settings().disabled:
         return fn(*args, **kwargs)
+    with RunScope(agent_spec(agent)):  # a run of its own, named after the agent
+        return in_run(agent, fn, *args, **kwargs)
 
 
 async def in_run_async(agent: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """:func:`in_run` for a coroutine function ``fn``."""
     run = active_run()
-    if run is None:
-        if get_settings().disabled:
+    if run is not None:
+        with _framework_run(run):
             return await fn(*args, **kwargs)
-        async with RunScope(agent_spec(agent)):
-            return await in_run_async(agent, fn, *args, **kwargs)
-    with _framework_run(run):
+    if get_settings().disabled:
         return await fn(*args, **kwargs)
+    async with RunScope(agent_spec(agent)):
+        return await in_run_async(agent, fn, *args, **kwargs)
 
 
 # -- model calls -----------------------------------------------------------------------------
@@ -150,7 +152,7 @@ class ModelCall:
 
     __slots__ = ("_res", "done", "model", "operation", "run", "started_at", "step")
 
-    def __init__(self, run: Run, step: Step, model: str, operation: str, res: Any) -> None:
+    def __init__(self, run: LiveRun, step: Step, model: str, operation: str, res: Any) -> None:
         self.run, self.step, self.model, self.operation = run, step, model, operation
         self._res = res
         self.started_at = time.time()
@@ -227,7 +229,7 @@ class ModelCall:
                 res.__exit__(None, None, None)
 
 
-def _reservation(run: Run, model: str, max_tokens: int | None, prompt: Prompt | None) -> Any:
+def _reservation(run: LiveRun, model: str, max_tokens: int | None, prompt: Prompt | None) -> Any:
     """The whole request, held before it leaves: its prompt at the model's input rate and
     the output it may take (``_estimate.output_tokens``) at the output rate."""
     max_tokens = max_tokens if max_tokens is not None and max_tokens > 0 else None
@@ -263,13 +265,15 @@ def _or_unguarded(site: str) -> Iterator[None]:
         note_error(site)
 
 
-def _begin(run: Run, model: str, max_tokens: int | None, prompt: Prompt | None) -> tuple[Step, Any]:
+def _begin(
+    run: LiveRun, model: str, max_tokens: int | None, prompt: Prompt | None
+) -> tuple[Step, Any]:
     run.check_stop()  # a cancelled or stopped run: nothing more leaves
     return step_for(run, new_turn=True), _reservation(run, model, max_tokens, prompt)
 
 
 def begin_model_call(
-    run: Run,
+    run: LiveRun,
     *,
     model: str,
     max_tokens: int | None = None,
@@ -282,16 +286,11 @@ def begin_model_call(
     ``RunStopped`` when the run is cancelled or stopped, or the reservation cannot be covered;
     ``None`` when the guard side failed (the call then goes on unguarded; counted).
     """
-    with _or_unguarded("guarding a model call"):
-        step, res = _begin(run, model, max_tokens, prompt)
-        if res is not None:
-            _held(res.__enter__())
-        return ModelCall(run, step, model, operation, res)
-    return None
+    return drive(begin_call(run, False, model, max_tokens, operation, prompt))
 
 
 async def abegin_model_call(
-    run: Run,
+    run: LiveRun,
     *,
     model: str,
     max_tokens: int | None = None,
@@ -299,9 +298,23 @@ async def abegin_model_call(
     prompt: Prompt | None = None,
 ) -> ModelCall | None:
     """:func:`begin_model_call` for async code (the tenant allowance wait does not block)."""
+    return await adrive(begin_call(run, True, model, max_tokens, operation, prompt))
+
+
+def begin_call(
+    run: LiveRun,
+    is_async: bool,
+    model: str,
+    max_tokens: int | None = None,
+    operation: str = "chat",
+    prompt: Prompt | None = None,
+) -> Body[ModelCall | None]:
+    """:func:`begin_model_call` as a body of both forms (:mod:`._twins`), for a wrapper's
+    own body to ``yield from``."""
     with _or_unguarded("guarding a model call"):
         step, res = _begin(run, model, max_tokens, prompt)
         if res is not None:
-            _held(await res.__aenter__())
+            entered = res.__enter__() if not is_async else (yield res.__aenter__())
+            _held(entered)
         return ModelCall(run, step, model, operation, res)
     return None

@@ -24,15 +24,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from guard.errors import RunStopped
-from guard.integrations._base import (
-    ModelCall,
-    Usage,
-    abegin_model_call,
-    active_run,
-    begin_model_call,
-    note_error,
-)
-from guard.sdk._run import Run
+from guard.integrations._base import ModelCall, Usage, active_run, begin_call, note_error
+from guard.integrations._twins import Body, adrive, drive
+from guard.sdk._run import LiveRun
 
 __all__ = [
     "After",
@@ -71,20 +65,17 @@ class Request(NamedTuple):
     prompt: Any = None  # what the request sends (an _estimate.Prompt), for its reservation
 
 
+Args = tuple[Any, ...]
+Kw = dict[str, Any]
 # (run, the call's keyword arguments) -> Request; may record the tool calls the request's
 # conversation carries (note_tools: RunStopped for a loop they complete) or adjust kwargs.
-Prepare = Callable[[Run, dict[str, Any]], Request]
+Prepare = Callable[[LiveRun, dict[str, Any]], Request]
 # (call, what the method returned, Request.note, is_async) -> what the caller gets: the result
 # recorded, or a stream / raw response wrapped to record it later.
 After = Callable[[ModelCall, Any, Any, bool], Any]
 
 
-def _guarding(req: Request) -> dict[str, Any]:
-    """``begin_model_call``'s arguments for ``req``."""
-    return {f: getattr(req, f) for f in ("model", "max_tokens", "operation", "prompt")}
-
-
-def _read(prepare: Prepare, run: Run, kwargs: dict[str, Any]) -> Request | None:
+def _read(prepare: Prepare, run: LiveRun, kwargs: dict[str, Any]) -> Request | None:
     try:
         return prepare(run, kwargs)
     except RunStopped:
@@ -119,13 +110,7 @@ def wrap_method(
     else ``orig`` raises was raised by the client before the request left (an argument it
     refuses), which is no model call: its reservation is released and nothing is recorded.
     ``None``: every error is recorded as a failed model call."""
-
-    def failed(call: ModelCall, exc: BaseException) -> None:
-        if wire_errors is None or isinstance(exc, wire_errors):
-            call.fail(exc)
-        else:
-            call.abandon()
-
+    how = _How(orig, is_async, prepare, after, wire_errors)
     if is_async:
 
         @functools.wraps(orig)
@@ -133,19 +118,7 @@ def wrap_method(
             run = active_run()
             if run is None:
                 return await orig(self, *args, **kwargs)
-            req = _read(prepare, run, kwargs)
-            call = None
-            if req is not None:
-                call = await abegin_model_call(run, **_guarding(req))
-            if call is None:  # req is None too, or the guard side failed: unguarded
-                return await orig(self, *args, **kwargs)
-            try:
-                with call.attached():
-                    result = await orig(self, *args, **kwargs)
-            except BaseException as exc:
-                failed(call, exc)
-                raise
-            return _handed_back(after, call, result, req.note, True)
+            return await adrive(_call_model(how, run, self, args, kwargs))
 
         acall_model.__guard_original__ = orig  # type: ignore[attr-defined]
         return acall_model
@@ -155,22 +128,47 @@ def wrap_method(
         run = active_run()
         if run is None:
             return orig(self, *args, **kwargs)
-        req = _read(prepare, run, kwargs)
-        call = None
-        if req is not None:
-            call = begin_model_call(run, **_guarding(req))
-        if call is None:
-            return orig(self, *args, **kwargs)
-        try:
-            with call.attached():
-                result = orig(self, *args, **kwargs)
-        except BaseException as exc:
-            failed(call, exc)
-            raise
-        return _handed_back(after, call, result, req.note, False)
+        return drive(_call_model(how, run, self, args, kwargs))
 
     call_model.__guard_original__ = orig  # type: ignore[attr-defined]
     return call_model
+
+
+class _How(NamedTuple):
+    """What :func:`wrap_method` was given: one tuple, made once per wrapped method."""
+
+    orig: Callable[..., Any]
+    is_async: bool
+    prepare: Prepare
+    after: After
+    wire_errors: tuple[type[BaseException], ...] | None
+
+
+def _call_model(how: _How, run: LiveRun, self: Any, args: Args, kwargs: Kw) -> Body[Any]:
+    """One guarded call of ``how.orig`` inside ``run``, both forms (:mod:`._twins`)."""
+    is_async = how.is_async
+    req = _read(how.prepare, run, kwargs)
+    call = None
+    if req is not None:
+        call = yield from begin_call(
+            run, is_async, req.model, req.max_tokens, req.operation, req.prompt
+        )
+    if call is None:  # req is None too, or the guard side failed: unguarded
+        result = how.orig(self, *args, **kwargs)
+        return (yield result) if is_async else result
+    try:
+        with call.attached():
+            result = how.orig(self, *args, **kwargs)
+            if is_async:
+                result = yield result
+    except BaseException as exc:
+        if how.wire_errors is None or isinstance(exc, how.wire_errors):
+            call.fail(exc)
+        else:
+            call.abandon()
+        raise
+    assert req is not None  # a call is only begun for a request read
+    return _handed_back(how.after, call, result, req.note, is_async)
 
 
 class Patches:
@@ -212,8 +210,12 @@ def _bound(descriptor: Any) -> Callable[..., Any]:
 class Reader(Protocol):
     """Usage and response id of a stream, read from its items as they pass."""
 
-    usage: Usage | None
     response_id: str | None
+
+    @property
+    def usage(self) -> Usage | None:
+        """What the stream's items said of its usage so far (``None``: nothing yet)."""
+        ...
 
     def see(self, item: Any) -> bool:
         """Note one item; ``False`` for an item the caller must not see (one only the guard

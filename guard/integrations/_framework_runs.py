@@ -16,18 +16,18 @@ import contextvars
 from collections.abc import Iterator
 
 from guard.errors import RunStopped
-from guard.sdk._run import Run
+from guard.sdk._run import LiveRun
 
 __all__ = ["outermost", "swallowed"]
 
 # The guard runs whose framework run is active in this context (the outermost one set it).
-_active: contextvars.ContextVar[frozenset[Run]] = contextvars.ContextVar(
+_active: contextvars.ContextVar[frozenset[LiveRun]] = contextvars.ContextVar(
     "otel_guard_framework_runs", default=frozenset()
 )
 
 
 @contextlib.contextmanager
-def outermost(run: Run) -> Iterator[bool]:
+def outermost(run: LiveRun) -> Iterator[bool]:
     """Around a framework run attached to ``run``: yields whether it is the outermost one of
     ``run`` in this context (it then closes the inferred step when it ends)."""
     active = _active.get()
@@ -44,7 +44,7 @@ def outermost(run: Run) -> Iterator[bool]:
             _active.reset(token)
 
 
-def swallowed(run: Run, exc: BaseException | None) -> None:
+def swallowed(run: LiveRun, exc: BaseException | None) -> None:
     """Raise ``RunStopped`` for a stop the framework swallowed or wrapped (sticky stops)."""
     if run.stopped is not None or run.cancelled or run.stop_pending:
         try:

@@ -19,21 +19,16 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from guard.errors import RunStopped
-from guard.integrations._base import (
-    ModelCall,
-    Prompt,
-    Usage,
-    abegin_model_call,
-    active_run,
-    begin_model_call,
-    note_error,
-)
+from guard.integrations._base import ModelCall, Prompt, Usage, active_run, begin_call, note_error
+from guard.integrations._twins import Body, Wait, adrive, async_generator, drive
 
 __all__ = [
     "Bubble",
+    "Bubbling",
+    "Wrapped",
     "counted_by_client",
     "wrap_agenerate",
     "wrap_astream",
@@ -42,6 +37,34 @@ __all__ = [
 ]
 
 Bubble = Callable[[RunStopped], RunStopped]  # a stop, as the RunStopped LangGraph lets out
+Kw = dict[str, Any]
+
+
+class Wrapped(NamedTuple):
+    """What a wrapper was made of, handed to its body (:mod:`._twins`): one tuple per
+    wrapped method."""
+
+    orig: Callable[..., Any]
+    bubble: Bubble
+    is_async: bool
+
+
+class Bubbling:
+    """Around a call made outside a run (nothing to guard, so no body is made): a stop that
+    comes out of it still comes out as the ``RunStopped`` LangGraph lets out. One per
+    wrapper, reused by every call."""
+
+    __slots__ = ("bubble",)
+
+    def __init__(self, bubble: Bubble) -> None:
+        self.bubble = bubble
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, RunStopped):
+            raise self.bubble(exc) from exc.__cause__
 
 
 # -- who counts a model's calls ------------------------------------------------------------------
@@ -164,61 +187,55 @@ def _begin(model: Any, stop: Any, kwargs: dict[str, Any]) -> tuple[Any, str, int
 
 
 def wrap_generate(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]:
+    w, outside = Wrapped(orig, bubble, False), Bubbling(bubble)
+
     @functools.wraps(orig)
     def generate(self: Any, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any):
-        try:
-            run, model, max_tokens = _begin(self, stop, kw)
-            call = (
-                begin_model_call(
-                    run, model=model, max_tokens=max_tokens, prompt=_prompt(messages, kw)
-                )
-                if run is not None
-                else None
-            )
-            try:
-                with _attached(call):
-                    result = orig(self, messages, stop, run_manager, **kw)
-            except BaseException as exc:
-                if call is not None:
-                    call.fail(exc)
-                raise
-            if call is not None:
-                _finish_result(call, result)
-            return result
-        except RunStopped as stop_exc:
-            raise bubble(stop_exc) from stop_exc.__cause__
+        if active_run() is None:
+            with outside:
+                return orig(self, messages, stop, run_manager, **kw)
+        return drive(_generate(w, self, messages, stop, run_manager, kw))
 
     return generate
 
 
 def wrap_agenerate(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]:
+    w, outside = Wrapped(orig, bubble, True), Bubbling(bubble)
+
     @functools.wraps(orig)
     async def agenerate(
         self: Any, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
     ):
-        try:
-            run, model, max_tokens = _begin(self, stop, kw)
-            call = (
-                await abegin_model_call(
-                    run, model=model, max_tokens=max_tokens, prompt=_prompt(messages, kw)
-                )
-                if run is not None
-                else None
-            )
-            try:
-                with _attached(call):
-                    result = await orig(self, messages, stop, run_manager, **kw)
-            except BaseException as exc:
-                if call is not None:
-                    call.fail(exc)
-                raise
-            if call is not None:
-                _finish_result(call, result)
-            return result
-        except RunStopped as stop_exc:
-            raise bubble(stop_exc) from stop_exc.__cause__
+        if active_run() is None:
+            with outside:
+                return await orig(self, messages, stop, run_manager, **kw)
+        return await adrive(_generate(w, self, messages, stop, run_manager, kw))
 
     return agenerate
+
+
+def _generate(w: Wrapped, model: Any, messages: Any, stop: Any, manager: Any, kw: Kw) -> Body[Any]:
+    """One ``_generate_with_cache`` call, both forms (:mod:`._twins`)."""
+    try:
+        run, name, max_tokens = _begin(model, stop, kw)
+        call = None
+        if run is not None:
+            prompt = _prompt(messages, kw)
+            call = yield from begin_call(run, w.is_async, name, max_tokens, prompt=prompt)
+        try:
+            with _attached(call):
+                result = w.orig(model, messages, stop, manager, **kw)
+                if w.is_async:
+                    result = yield result
+        except BaseException as exc:
+            if call is not None:
+                call.fail(exc)
+            raise
+        if call is not None:
+            _finish_result(call, result)
+        return result
+    except RunStopped as stop_exc:
+        raise w.bubble(stop_exc) from stop_exc.__cause__
 
 
 class _StreamUsage:
@@ -247,14 +264,15 @@ class _StreamUsage:
             self.call.abandon()
 
     def see(self, chunk: Any) -> None:
-        meta = getattr(chunk, "usage_metadata", None)
+        meta: Any = getattr(chunk, "usage_metadata", None)
         if isinstance(meta, dict):
             if self.meta is None:
                 self.meta = meta
             else:
                 from langchain_core.messages.ai import add_usage
 
-                self.meta = add_usage(self.meta, meta)
+                # a dict of UsageMetadata's keys (the isinstance check narrowed it to dict)
+                self.meta = add_usage(self.meta, meta)  # type: ignore[arg-type]
         if self.response_id is None:
             self.response_id = _response_id(chunk)
 
@@ -268,66 +286,55 @@ def _streams(model: Any, is_async: bool, kw: dict[str, Any]) -> bool:
 
 
 def wrap_stream(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]:
+    w, outside = Wrapped(orig, bubble, False), Bubbling(bubble)
+
     @functools.wraps(orig)
     def stream(self: Any, input: Any, config: Any = None, *, stop: Any = None, **kw: Any):
-        try:
-            run, model, max_tokens = _begin(self, stop, kw)
-            if run is not None and not _streams(self, False, kw):
-                run = None
-            call = (
-                begin_model_call(run, model=model, max_tokens=max_tokens, prompt=_prompt(input, kw))
-                if run is not None
-                else None
-            )
-            seen = _StreamUsage(call)
-            try:
-                it = orig(self, input, config, stop=stop, **kw)
-                while True:
-                    with _attached(call):  # around each read, never across a yield
-                        chunk = next(it, _END)
-                    if chunk is _END:
-                        break
-                    seen.see(chunk)
-                    yield chunk
-            except BaseException as exc:
-                seen.failed(exc)
-                raise
-            seen.finish()
-        except RunStopped as stop_exc:
-            raise bubble(stop_exc) from stop_exc.__cause__
+        if active_run() is None:
+            with outside:
+                yield from orig(self, input, config, stop=stop, **kw)
+            return
+        yield from _stream(w, self, input, config, stop, kw)
 
     return stream
 
 
 def wrap_astream(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    async def astream(self: Any, input: Any, config: Any = None, *, stop: Any = None, **kw: Any):
-        try:
-            run, model, max_tokens = _begin(self, stop, kw)
-            if run is not None and not _streams(self, True, kw):
-                run = None
-            call = (
-                await abegin_model_call(
-                    run, model=model, max_tokens=max_tokens, prompt=_prompt(input, kw)
-                )
-                if run is not None
-                else None
-            )
-            seen = _StreamUsage(call)
-            try:
-                it = orig(self, input, config, stop=stop, **kw)
-                while True:
-                    with _attached(call):
-                        chunk = await anext(it, _END)
-                    if chunk is _END:
-                        break
-                    seen.see(chunk)
-                    yield chunk
-            except BaseException as exc:
-                seen.failed(exc)
-                raise
-            seen.finish()
-        except RunStopped as stop_exc:
-            raise bubble(stop_exc) from stop_exc.__cause__
+    w = Wrapped(orig, bubble, True)
 
-    return astream
+    def body(self: Any, input: Any, config: Any = None, *, stop: Any = None, **kw: Any) -> Any:
+        if active_run() is None:  # the model's own stream, passed on as it is
+            return orig(self, input, config, stop=stop, **kw)
+        return _stream(w, self, input, config, stop, kw)
+
+    return functools.wraps(orig)(async_generator(body, Bubbling(bubble)))
+
+
+def _stream(w: Wrapped, model: Any, input: Any, config: Any, stop: Any, kw: Kw) -> Body[None]:
+    """One ``stream`` / ``astream`` call, both forms (:mod:`._twins`): the chunks, and in the
+    async form what it awaits, as a ``Wait``."""
+    is_async = w.is_async
+    try:
+        run, name, max_tokens = _begin(model, stop, kw)
+        if run is not None and not _streams(model, is_async, kw):
+            run = None
+        call = None
+        if run is not None:
+            begun = begin_call(run, is_async, name, max_tokens, prompt=_prompt(input, kw))
+            call = drive(begun) if not is_async else (yield Wait(adrive(begun)))
+        seen = _StreamUsage(call)
+        try:
+            it = w.orig(model, input, config, stop=stop, **kw)
+            while True:
+                with _attached(call):  # around each read, never across a yield
+                    chunk = next(it, _END) if not is_async else (yield Wait(anext(it, _END)))
+                if chunk is _END:
+                    break
+                seen.see(chunk)
+                yield chunk
+        except BaseException as exc:
+            seen.failed(exc)
+            raise
+        seen.finish()
+    except RunStopped as stop_exc:
+        raise w.bubble(stop_exc) from stop_exc.__cause__

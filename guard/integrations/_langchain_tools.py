@@ -17,7 +17,8 @@ from typing import Any
 
 from guard.errors import RunStopped
 from guard.integrations._base import ToolCall, active_run, admit_tool, note_error
-from guard.integrations._langchain_models import Bubble
+from guard.integrations._langchain_models import Bubble, Wrapped
+from guard.integrations._twins import Body, adrive, drive
 
 __all__ = ["wrap_atool", "wrap_tool"]
 
@@ -62,50 +63,46 @@ def _admit(tool: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> tuple[ToolCa
 
 
 def wrap_tool(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]:
+    w = Wrapped(orig, bubble, False)
+
     @functools.wraps(orig)
     def run_tool(self: Any, *args: Any, **kw: Any) -> Any:
         if active_run() is None:
             return orig(self, *args, **kw)
-        try:
-            call, call_id = _admit(self, args, kw)  # RunStopped: the tool does not run
-            try:
-                with call.running(call_id) if call is not None else _NOTHING:
-                    result = orig(self, *args, **kw)
-            except RunStopped:
-                raise
-            except BaseException as exc:
-                if call is not None:
-                    call.failed(exc, call_id=call_id)
-                raise
-            if call is not None:
-                call.done(_tool_result(result), call_id=call_id)
-            return result
-        except RunStopped as stop:
-            raise bubble(stop) from stop.__cause__
+        return drive(_run_tool(w, self, args, kw))
 
     return run_tool
 
 
 def wrap_atool(orig: Callable[..., Any], *, bubble: Bubble) -> Callable[..., Any]:
+    w = Wrapped(orig, bubble, True)
+
     @functools.wraps(orig)
     async def arun_tool(self: Any, *args: Any, **kw: Any) -> Any:
         if active_run() is None:
             return await orig(self, *args, **kw)
-        try:
-            call, call_id = _admit(self, args, kw)
-            try:
-                with call.running(call_id) if call is not None else _NOTHING:
-                    result = await orig(self, *args, **kw)
-            except RunStopped:
-                raise
-            except BaseException as exc:
-                if call is not None:
-                    call.failed(exc, call_id=call_id)
-                raise
-            if call is not None:
-                call.done(_tool_result(result), call_id=call_id)
-            return result
-        except RunStopped as stop:
-            raise bubble(stop) from stop.__cause__
+        return await adrive(_run_tool(w, self, args, kw))
 
     return arun_tool
+
+
+def _run_tool(w: Wrapped, tool: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Body[Any]:
+    """One tool call inside a run, both forms (:mod:`._twins`)."""
+    try:
+        call, call_id = _admit(tool, args, kw)  # RunStopped: the tool does not run
+        try:
+            with call.running(call_id) if call is not None else _NOTHING:
+                result = w.orig(tool, *args, **kw)
+                if w.is_async:
+                    result = yield result
+        except RunStopped:
+            raise
+        except BaseException as exc:
+            if call is not None:
+                call.failed(exc, call_id=call_id)
+            raise
+        if call is not None:
+            call.done(_tool_result(result), call_id=call_id)
+        return result
+    except RunStopped as stop:
+        raise w.bubble(stop) from stop.__cause__

@@ -164,7 +164,7 @@ class GuardedModel(WrapperModel):
             ) as stream:
                 yield stream
             return
-        stream = None
+        stream = None  # type: ignore[assignment]  # bound by the async with before it is read
         try:
             with call.attached():
                 async with self.wrapped.request_stream(
@@ -236,6 +236,7 @@ class GuardCapability(AbstractCapability[Any]):
         except Exception:
             note_error("admitting a pydantic-ai tool call")
             return await handler(args)
+        assert tc is not None  # admitted in a run
         call_id = getattr(call, "tool_call_id", None)
         try:
             with tc.running(call_id):

@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator
 from guard.integrations._base import _framework_run, active_run
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
-from guard.sdk._run import Run
+from guard.sdk._run import LiveRun
 from guard.sdk._scope import RunScope
 
 __all__ = ["run_scope"]
 
 
 @contextlib.asynccontextmanager
-async def run_scope(agent: str) -> AsyncIterator[Run | None]:
+async def run_scope(agent: str) -> AsyncIterator[LiveRun | None]:
     """Guard the ``async with`` body as the active run, or as a new run ``agent``.
 
     Yields the run (``None`` when the guard is disabled). A stop the framework caught and

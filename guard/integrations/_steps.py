@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._run import LiveRun, current_run_or_none
 from guard.sdk._step import Step, _current_step, current_step
 
 __all__ = ["active_run", "end_inferred_step", "errors", "note_error", "step_for"]
@@ -43,7 +43,7 @@ def errors() -> dict[str, int]:
         return dict(_errors)
 
 
-def active_run() -> Run | None:
+def active_run() -> LiveRun | None:
     """The live ``@guard.run`` of this context, or ``None`` (a plain client is not an agent)."""
     run = current_run_or_none()
     return run if run is not None and run.live else None
@@ -60,7 +60,7 @@ class _Inferred:
         self.step: Step | None = None
         self.tools_at_open = 0
 
-    def open(self, run: Run) -> Step:
+    def open(self, run: LiveRun) -> Step:
         st = Step(run)
         st.__enter__()  # the SDK's own step start: the checks, the count, the span
         # ... but not in the caller's context: a step that outlives this call must not leave
@@ -71,7 +71,7 @@ class _Inferred:
         run.inferred_step = st  # where guard.progress() reports from inside the framework
         return st
 
-    def close(self, run: Run) -> None:
+    def close(self, run: LiveRun) -> None:
         st, self.step = self.step, None
         run.inferred_step = None
         if st is None or st.span is None:
@@ -84,11 +84,11 @@ class _Inferred:
         st.__exit__(None, None, None)
 
 
-_inferred: weakref.WeakKeyDictionary[Run, _Inferred] = weakref.WeakKeyDictionary()
+_inferred: weakref.WeakKeyDictionary[LiveRun, _Inferred] = weakref.WeakKeyDictionary()
 _inferred_lock = threading.Lock()
 
 
-def _tracker(run: Run) -> _Inferred:
+def _tracker(run: LiveRun) -> _Inferred:
     with _inferred_lock:
         tr = _inferred.get(run)
         if tr is None:
@@ -104,7 +104,7 @@ def _tracker(run: Run) -> _Inferred:
     return tr
 
 
-def step_for(run: Run, *, new_turn: bool) -> Step:
+def step_for(run: LiveRun, *, new_turn: bool) -> Step:
     """The step a model call or tool call belongs to: the code's own open step of ``run``, else
     the inferred one. ``new_turn`` (a model call): close the inferred step and open the next
     one, so a step is one model turn plus the tools it asked for. Opening a step runs the
@@ -125,7 +125,7 @@ def step_for(run: Run, *, new_turn: bool) -> Step:
         return tr.open(run)
 
 
-def end_inferred_step(run: Run) -> None:
+def end_inferred_step(run: LiveRun) -> None:
     """Close ``run``'s inferred step, if one is open (the framework's run or the run ended)."""
     tr = _inferred.get(run)
     if tr is None:

@@ -11,7 +11,7 @@ from typing import Any
 from guard.integrations._steps import active_run, note_error, step_for
 from guard.sdk._batch import call_name_args
 from guard.sdk._calls import MISSING, record_tool_call, reserve_tool
-from guard.sdk._run import Run
+from guard.sdk._run import LiveRun
 from guard.sdk._tool_ledger import ToolInvocation, invoking
 
 __all__ = ["ToolCall", "admit_tool"]
@@ -23,7 +23,7 @@ class ToolCall:
 
     __slots__ = ("args", "fingerprint", "inv", "name", "recorded", "run", "slot", "started_at")
 
-    def __init__(self, run: Run, name: str, args: Any, slot: Any) -> None:
+    def __init__(self, run: LiveRun, name: str, args: Any, slot: Any) -> None:
         self.run, self.name, self.args, self.slot = run, name, args, slot
         self.started_at = time.time()
         self.recorded = False
@@ -88,7 +88,7 @@ class ToolCall:
             note_error("recording a tool call")
 
 
-def admit_tool(name: str, arguments: Any = None, run: Run | None = None) -> ToolCall | None:
+def admit_tool(name: str, arguments: Any = None, run: LiveRun | None = None) -> ToolCall | None:
     """Admit a tool call before it runs; ``None`` outside a run (nothing to guard).
 
     ``arguments`` may be a mapping or the model's JSON text (parsed, so key order and spacing

@@ -3,8 +3,10 @@
 ``enable()`` wraps ``create``, ``parse`` and ``stream`` of ``Messages`` and ``AsyncMessages``,
 and of their beta twins (``client.beta.messages``, which LangChain's ``ChatAnthropic`` calls
 when betas are set, and Pydantic AI's Anthropic model always), so every client is covered,
-including clients made before ``guard.instrument()``. Inside a ``@guard.run`` each call is guarded by :mod:`guard.integrations._base` the way the ``openai``
-integration guards its client (the same wrapper, :mod:`guard.integrations._client`): a stop
+including clients made before ``guard.instrument()``. Inside a ``@guard.run`` each call is
+guarded by :mod:`guard.integrations._base` the way the ``openai`` integration guards its
+client (the same wrapper and the same reading of requests and results,
+:mod:`guard.integrations._provider`): a stop
 check and an inferred step before the request leaves, the request's prompt (``system``,
 ``messages``, ``tools``) and its ``max_tokens`` (which Anthropic requires) reserved, the
 usage and the response id (``msg_...``) recorded once. A stream (``stream=True``, or the
@@ -39,19 +41,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from guard.integrations._base import ModelCall, Usage, note_error
-from guard.integrations._client import (
-    GuardedAsyncStream,
-    GuardedRaw,
-    GuardedStream,
-    Patches,
-    Request,
-    count,
-    field,
-    wrap_method,
-)
-from guard.integrations._conversation import note_asked, note_response, note_tools
-from guard.integrations._estimate import request_prompt
+from guard.integrations._base import Usage, note_error
+from guard.integrations._client import Patches, count, field
+from guard.integrations._conversation import note_asked
+from guard.integrations._provider import ClientIntegration
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable", "usage"]
 
@@ -76,7 +69,7 @@ def enable() -> None:
         (AsyncBetaMessages, True),
     ):
         for attr in ("create", "parse"):
-            _patched.replace(cls, attr, functools.partial(_wrap, is_async=is_async))
+            _patched.replace(cls, attr, functools.partial(_MESSAGES.wrap, is_async=is_async))
         _patched.replace(cls, "stream", functools.partial(_wrap_helper, is_async=is_async))
 
 
@@ -145,34 +138,34 @@ class _Reader:
         return True
 
 
-def _after(call: ModelCall, result: Any, _note: Any, is_async: bool) -> Any:
-    from anthropic import AsyncStream, Stream
+class _Messages(ClientIntegration):
+    """The Messages API (``messages`` and ``beta.messages``)."""
 
-    if isinstance(result, Stream):
-        return GuardedStream(result, call, _Reader(call.run))
-    if isinstance(result, AsyncStream):
-        return GuardedAsyncStream(result, call, _Reader(call.run))
-    if hasattr(result, "http_response") and hasattr(result, "parse"):  # recorded when parsed
-        return GuardedRaw(result, lambda parsed: _after(call, parsed, None, is_async))
-    note_response(call.run, "anthropic", result)  # the tool calls it asks for are the run's own
-    rid = getattr(result, "id", None)
-    call.finish(usage(getattr(result, "usage", None)), rid if isinstance(rid, str) else None)
-    return result
+    def streams(self) -> tuple[type, type]:
+        from anthropic import AsyncStream, Stream
+
+        return Stream, AsyncStream
+
+    def max_tokens(self, kw: dict[str, Any]) -> int | None:
+        mt = kw.get("max_tokens")  # required by Anthropic: reserved with the prompt
+        return mt if type(mt) is int and mt > 0 else None
+
+    def usage(self, u: Any) -> Usage | None:
+        return usage(u)  # the module's, looked up at each call
+
+    def reader(self, run: Any, note: Any) -> _Reader:
+        return _Reader(run)
+
+    def wire_errors(self) -> tuple[type[BaseException], ...]:
+        # A ValueError the client raises before sending (e.g. "Streaming is required for
+        # operations that may take longer than 10 minutes", which Pydantic AI answers by
+        # streaming) is no model call; an APIError is one that left.
+        from anthropic import APIError
+
+        return (APIError,)
 
 
-def _prepare(run: Any, kw: dict[str, Any]) -> Request:
-    note_tools(run, "anthropic", kw)  # the tools a hand-written loop ran since the last call
-    m, mt = kw.get("model"), kw.get("max_tokens")
-    return Request(
-        m if isinstance(m, str) and m else "unknown",
-        mt if type(mt) is int and mt > 0 else None,
-        "chat",
-        prompt=request_prompt(kw),  # system, messages and tools: reserved with max_tokens
-    )
-
-
-def _wrap(orig: Any, *, is_async: bool) -> Any:
-    return wrap_method(orig, **_guarding(is_async))
+_MESSAGES = _Messages("anthropic")
 
 
 def _wrap_helper(orig: Any, *, is_async: bool) -> Any:
@@ -209,13 +202,13 @@ def _rewire(returned: Any, is_async: bool, kwargs: dict[str, Any]) -> None:
 
         async def guarded_request() -> Any:
             try:
-                return await wrap_method(send, **_guarding(True))(None, **kwargs)
+                return await _MESSAGES.wrap(send, is_async=True)(None, **kwargs)
             finally:
                 request.close()  # a refused call never sent it: no "never awaited" warning
 
         setattr(manager, attr, guarded_request())
     else:
-        guarded = wrap_method(lambda _self, **_kw: request(), **_guarding(False))
+        guarded = _MESSAGES.wrap(lambda _self, **_kw: request(), is_async=False)
         setattr(manager, attr, functools.partial(guarded, None, **kwargs))
 
 
@@ -244,12 +237,3 @@ def _manager(obj: Any, is_async: bool) -> Any:
         if obj is None:
             return None
     return None
-
-
-def _guarding(is_async: bool) -> dict[str, Any]:
-    # A ValueError the client raises before sending (e.g. "Streaming is required for
-    # operations that may take longer than 10 minutes", which Pydantic AI answers by
-    # streaming) is no model call; an APIError is one that left.
-    from anthropic import APIError
-
-    return {"is_async": is_async, "prepare": _prepare, "after": _after, "wire_errors": (APIError,)}

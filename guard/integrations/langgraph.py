@@ -64,10 +64,10 @@ def enable() -> None:
         from langgraph.errors import GraphBubbleUp
         from langgraph.pregel import Pregel
     except ImportError:  # LangChain alone: chat models and tools only
-        Pregel = None
+        Pregel = None  # type: ignore[misc, assignment]  # no graph class to wrap then
     else:
         if not issubclass(GraphRunStopped, GraphBubbleUp):
-            GraphRunStopped = type(  # the public name stays; isinstance(RunStopped) holds
+            GraphRunStopped = type(  # type: ignore[misc, assignment]  # the public name stays; isinstance(RunStopped) holds
                 "GraphRunStopped", (GraphRunStopped, GraphBubbleUp), {"__module__": __name__}
             )
     table: list[tuple[type, str, Callable[..., Any]]] = [

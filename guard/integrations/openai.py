@@ -19,18 +19,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from guard.integrations._base import ModelCall, Usage
-from guard.integrations._client import (
-    GuardedAsyncStream,
-    GuardedRaw,
-    GuardedStream,
-    Patches,
-    Request,
-    count,
-    wrap_method,
-)
-from guard.integrations._conversation import note_asked, note_response, note_tools
-from guard.integrations._estimate import request_prompt
+from guard.integrations._base import Usage
+from guard.integrations._client import Patches, count
+from guard.integrations._conversation import note_asked, note_response
+from guard.integrations._provider import ClientIntegration
 
 __all__ = ["LIBRARY", "NAME", "disable", "enable"]
 
@@ -38,8 +30,49 @@ NAME = "openai"
 LIBRARY = "openai"
 
 _patched = Patches()
-_OPERATION = {"chat": "chat", "responses": "responses"}
 _DONE_EVENTS = ("response.completed", "response.incomplete", "response.failed")
+
+
+class _OpenAI(ClientIntegration):
+    """Chat completions (``api="chat"``) or responses (``api="responses"``)."""
+
+    def streams(self) -> tuple[type, type]:
+        from openai import AsyncStream, Stream
+
+        return Stream, AsyncStream
+
+    def max_tokens(self, kw: dict[str, Any]) -> int | None:
+        names = (
+            ("max_output_tokens",)
+            if self.api == "responses"
+            else ("max_completion_tokens", "max_tokens")
+        )
+        for n in names:
+            v = kw.get(n)
+            if type(v) is int and v > 0:
+                return v
+        return None
+
+    def note(self, kw: dict[str, Any]) -> bool:
+        """A chat stream reports usage only when asked; ask unless the caller chose options
+        (``True``: asked here, so the usage chunk is not the caller's)."""
+        if (
+            self.api != "chat"
+            or kw.get("stream") is not True
+            or isinstance(kw.get("stream_options"), dict)
+        ):
+            return False
+        kw["stream_options"] = {"include_usage": True}
+        return True
+
+    def usage(self, u: Any) -> Usage | None:
+        return _usage(self.api, u)
+
+    def reader(self, run: Any, note: Any) -> _Reader:
+        return _Reader(self.api, note, run)
+
+
+_APIS = {api: _OpenAI(api, api) for api in ("chat", "responses")}
 
 
 def enable() -> None:
@@ -56,7 +89,7 @@ def enable() -> None:
         (responses.AsyncResponses, "responses", True),
     ):
         for attr in ("create", "parse"):
-            _patched.replace(cls, attr, functools.partial(_wrap, api=api, is_async=is_async))
+            _patched.replace(cls, attr, functools.partial(_APIS[api].wrap, is_async=is_async))
 
 
 def disable() -> None:
@@ -64,26 +97,7 @@ def disable() -> None:
     _patched.restore()
 
 
-# -- reading requests and responses -------------------------------------------------------------
-def _max_tokens(api: str, kw: dict[str, Any]) -> int | None:
-    names = (
-        ("max_output_tokens",) if api == "responses" else ("max_completion_tokens", "max_tokens")
-    )
-    for n in names:
-        v = kw.get(n)
-        if type(v) is int and v > 0:
-            return v
-    return None
-
-
-def _ask_for_usage(api: str, kw: dict[str, Any]) -> bool:
-    """A chat stream reports usage only when asked; ask unless the caller chose options."""
-    if api != "chat" or kw.get("stream") is not True or isinstance(kw.get("stream_options"), dict):
-        return False
-    kw["stream_options"] = {"include_usage": True}
-    return True
-
-
+# -- reading responses -------------------------------------------------------------------------
 def _usage(api: str, u: Any) -> Usage | None:
     if u is None:
         return None
@@ -102,12 +116,6 @@ def _usage(api: str, u: Any) -> Usage | None:
         cached_tokens=count(getattr(u, "input_tokens_details", None), "cached_tokens"),
         reasoning_tokens=count(getattr(u, "output_tokens_details", None), "reasoning_tokens"),
     )
-
-
-def _finish(call: ModelCall, api: str, parsed: Any) -> None:
-    note_response(call.run, api, parsed)  # the tool calls it asks for are the run's own
-    rid = getattr(parsed, "id", None)
-    call.finish(_usage(api, getattr(parsed, "usage", None)), rid if isinstance(rid, str) else None)
 
 
 class _Reader:
@@ -145,33 +153,3 @@ class _Reader:
                 self.usage = _usage("responses", getattr(resp, "usage", None))
                 note_response(self.run, "responses", resp)
         return True
-
-
-def _after(call: ModelCall, api: str, result: Any, asked: bool, is_async: bool) -> Any:
-    from openai import AsyncStream, Stream
-
-    if isinstance(result, Stream):
-        return GuardedStream(result, call, _Reader(api, asked, call.run))
-    if isinstance(result, AsyncStream):
-        return GuardedAsyncStream(result, call, _Reader(api, asked, call.run))
-    if hasattr(result, "http_response") and hasattr(result, "parse"):  # recorded when parsed
-        return GuardedRaw(result, lambda parsed: _after(call, api, parsed, asked, is_async))
-    _finish(call, api, result)
-    return result
-
-
-def _model(kw: dict[str, Any]) -> str:
-    m = kw.get("model")
-    return m if isinstance(m, str) and m else "unknown"
-
-
-def _wrap(orig: Any, *, api: str, is_async: bool) -> Any:
-    def prepare(run: Any, kw: dict[str, Any]) -> Request:
-        note_tools(run, api, kw)  # the tools a hand-written loop ran since the last call
-        asked = _ask_for_usage(api, kw)
-        return Request(_model(kw), _max_tokens(api, kw), _OPERATION[api], asked, request_prompt(kw))
-
-    def after(call: ModelCall, result: Any, asked: Any, is_async: bool) -> Any:
-        return _after(call, api, result, asked, is_async)
-
-    return wrap_method(orig, is_async=is_async, prepare=prepare, after=after)

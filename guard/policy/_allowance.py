@@ -166,9 +166,9 @@ class TenantAllowances:
             for i in (0, 1):
                 # exactly the need (capped by what is left, within _EPS): a grant is the
                 # call's own reservation, never a slice the run could sit on
-                n = need[i]
-                if n > 0.0 and head[i] is not None:
-                    available = head[i] - out[i]
+                n, h = need[i], head[i]
+                if n > 0.0 and h is not None:
+                    available = h - out[i]
                     add = n if n < available else (available if available > 0.0 else 0.0)
                     s, c = seen_[i], ceiling[i]
                     before = c - s if c - s > 0.0 else 0.0

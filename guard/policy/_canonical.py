@@ -30,10 +30,13 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
-from json.encoder import c_make_encoder, encode_basestring
+from json.encoder import (  # type: ignore[attr-defined]  # the C accelerator, not in typeshed
+    c_make_encoder,
+    encode_basestring,
+)
 from typing import Any
 
 from guard.errors import InvalidInput
@@ -74,7 +77,7 @@ def _numeric(s: str) -> int | float | str:
     return _number(float(s))
 
 
-def _date(s: str) -> int | float | None:
+def _date(s: str) -> int | float | str | None:
     if not _DATE.fullmatch(s):
         return None
     text = re.sub(r"^(\d{4})[/.](\d{1,2})[/.](\d{1,2})", r"\1-\2-\3", s)
@@ -219,7 +222,7 @@ def _canon(value: Any, ignore: frozenset[str]) -> Any:
 
 # One encoder for every call: json.dumps with non-default options builds a new one each time.
 _encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-_dump = _encoder.encode
+_dump: Callable[[Any], str] = _encoder.encode
 if c_make_encoder is not None:
     # JSONEncoder.encode() builds a C encoder (and a circular-reference dict) on every call;
     # build it once. The same C function produces the same text; no circular check is needed
@@ -236,8 +239,12 @@ if c_make_encoder is not None:
         True,
     )
 
-    def _dump(value: Any, _enc: Any = _c_encode, _join: Any = "".join) -> str:
+    def _c_dump(
+        value: Any, _enc: Any = _c_encode, _join: Callable[[Iterable[str]], str] = "".join
+    ) -> str:
         return _join(_enc(value, 0))
+
+    _dump = _c_dump
 
 
 def _ignore_set(fields: Iterable[str]) -> frozenset[str]:

@@ -26,8 +26,11 @@ from guard.policy._reservation import plain_counts, plain_money
 from guard.policy._types import Action, Decision, Limits, Phase
 
 if TYPE_CHECKING:  # pragma: no cover
+    from guard.policy._budget_state import BudgetState as _Host
     from guard.policy._loops import LoopVerdict
     from guard.policy._reservation import Reservation
+else:
+    _Host = object  # the mixin's base at run time
 
 __all__ = ["UNSET", "Escalations", "Triggers", "triggers"]
 
@@ -134,7 +137,7 @@ def triggers(limits: Limits, rank: int) -> Triggers:
     return t
 
 
-class Escalations:
+class Escalations(_Host):
     """Mixin of :class:`~guard.policy.Budget` (it owns the state; this holds no slots).
 
     ``rank`` arguments are the caller's level as :attr:`Action.rank` (the SDK keeps it as a

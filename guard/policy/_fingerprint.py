@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from guard.errors import InvalidInput
 from guard.policy._canonical import (
@@ -25,7 +25,52 @@ from guard.policy._canonical import (
     canonicalize,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from _hashlib import HASH
+    from array import array
+
 __all__ = ["Fingerprinter", "hash64", "native_available"]
+
+
+class Native(Protocol):
+    """The native fast paths' module (``_speedups.c``, described by ``_speedups.pyi``) as the
+    Python code calls it: a hash state is opaque bytes; ``None`` = outside the fast case."""
+
+    def state(self, data: bytes, base: bytes | None = None, /) -> bytes: ...
+    def mac(self, inner: bytes, outer: bytes, payload: str, /) -> str: ...
+    def action(
+        self, inner: bytes, outer: bytes, args: object, ignore: tuple[bytes, ...], /
+    ) -> str | None: ...
+    def result(self, inner: bytes, outer: bytes, value: object, /) -> str | None: ...
+    def observe(
+        self,
+        acts: array[int],
+        res: array[int],
+        slot: int,
+        action: str,
+        result: str | None,
+        need_a: int,
+        need_r: int,
+        /,
+    ) -> bool | None: ...
+    def bind(
+        self, budget: type, usage: type, loop_detector: type, forecaster: type, ok: object, /
+    ) -> None: ...
+    # The record kernels (_kernels.py), which the native span applier calls.
+    @property
+    def budget_step(self) -> Callable[..., object]: ...
+    @property
+    def budget_model_call(self) -> Callable[..., object]: ...
+    @property
+    def budget_tool_calls(self) -> Callable[..., object]: ...
+    @property
+    def budget_quiet(self) -> Callable[..., object]: ...
+    @property
+    def loop_observe(self) -> Callable[..., object]: ...
+    @property
+    def loop_end_step(self) -> Callable[..., object]: ...
+    @property
+    def forecast_observe(self) -> Callable[..., object]: ...
 
 
 def hash64(hex_digest: str | None) -> int:
@@ -53,14 +98,15 @@ _OPAD = bytes(x ^ 0x5C for x in range(256))
 _DOMAINS = (b"action", b"result", b"state", b"text")
 _NOTHING: frozenset[str] = frozenset()
 try:  # the builtin implementation: its copy() is a plain struct copy
-    from _sha256 import sha256 as _sha256
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython-private, no stub
 except ImportError:  # pragma: no cover - builds without it
     _sha256 = hashlib.sha256
+_BUILT: Native | None
 try:  # optional native fast paths (_speedups.c); the Python code here is the reference
     from guard.policy import _speedups as _BUILT
 except ImportError:  # pragma: no cover - installed without a C compiler
     _BUILT = None
-_NATIVE = _BUILT  # what new fingerprinters and loop detectors use (see use_native)
+_NATIVE: Native | None = _BUILT  # what new fingerprinters and loop detectors use (see use_native)
 
 
 def native_available() -> bool:
@@ -68,7 +114,7 @@ def native_available() -> bool:
     return _NATIVE is not None
 
 
-def native_module() -> object | None:
+def native_module() -> Native | None:
     """The native fast paths new fingerprinters and loop detectors take, or None."""
     return _NATIVE
 
@@ -137,7 +183,7 @@ class Fingerprinter:
             return self._native.mac(inner, self._outer, payload)
         h = inner.copy()
         h.update(payload.encode())
-        o = self._outer.copy()
+        o: HASH = self._outer.copy()
         o.update(h.digest())
         return o.hexdigest()[:32]
 

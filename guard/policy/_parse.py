@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import Any
 
@@ -51,7 +52,11 @@ def req_mapping(v: Any, path: str) -> Mapping[str, Any]:
 
 
 def check_keys(
-    d: Mapping[str, Any], allowed: set[str], path: str, *, required: set[str] = frozenset()
+    d: Mapping[str, Any],
+    allowed: AbstractSet[str],
+    path: str,
+    *,
+    required: AbstractSet[str] = frozenset(),
 ) -> None:
     """Unknown keys are errors (sorted, so the first reported is deterministic)."""
     for k in sorted(d, key=str):
@@ -91,14 +96,14 @@ def opt_int(v: Any, path: str, *, minimum: int = 0, maximum: int | None = None) 
 def req_float(v: Any, path: str, *, minimum: float | None = None, exclusive: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ConfigError(f"must be a number, got {_type(v)} {v!r}", path=path)
-    v = float(v)
-    if not math.isfinite(v):
-        raise ConfigError(f"must be finite, got {v}", path=path)
-    if minimum is not None and (v <= minimum if exclusive else v < minimum):
+    x = float(v)
+    if not math.isfinite(x):
+        raise ConfigError(f"must be finite, got {x}", path=path)
+    if minimum is not None and (x <= minimum if exclusive else x < minimum):
         op = ">" if exclusive else ">="
-        hint = " (use null to disable)" if v == 0 and exclusive else ""
-        raise ConfigError(f"must be {op} {minimum:g}, got {v:g}{hint}", path=path)
-    return v
+        hint = " (use null to disable)" if x == 0 and exclusive else ""
+        raise ConfigError(f"must be {op} {minimum:g}, got {x:g}{hint}", path=path)
+    return x
 
 
 def opt_float(

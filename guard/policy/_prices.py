@@ -50,7 +50,7 @@ class PriceBook:
         """``(input, cached input, output)`` USD per 1M tokens of ``model`` (found as
         :meth:`price` finds it), ``None`` when unpriced. Remembered per book (bounded): the
         per-call path prices a call with one dict lookup."""
-        r = self._rates.get(model, _UNSEEN)
+        r: tuple[float, float, float] | None = self._rates.get(model, _UNSEEN)
         if r is _UNSEEN:
             p = self.price(model)
             r = None if p is None else (p.input, _or(p.cached_input, p.input), p.output)
@@ -62,7 +62,8 @@ class PriceBook:
         self, model: str, *, input_tokens: int, output_tokens: int, cached_tokens: int = 0
     ) -> float | None:
         """Cost of one call; ``input_tokens`` includes ``cached_tokens`` (GenAI semconv)."""
-        r = self._rates.get(model, _UNSEEN)  # hot (every model call): rates() inline
+        # hot (every model call): rates() inline
+        r: tuple[float, float, float] | None = self._rates.get(model, _UNSEEN)
         if r is _UNSEEN:
             r = self.rates(model)
         if r is None:

@@ -11,7 +11,9 @@ from guard.errors import BudgetExceeded, InvalidInput
 from guard.policy._types import Usage
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.policy._budget import Budget
+    from guard.policy._budget_state import BudgetState as _Host
+else:
+    _Host = object  # the mixin's base at run time
 
 __all__ = ["Reservation", "Reserving", "check_count", "check_money"]
 
@@ -58,7 +60,7 @@ class Reservation:
 
     def __init__(
         self,
-        budget: Budget,
+        budget: Reserving,
         tokens: int,
         cost_usd: float,
         tool_calls: int,
@@ -96,7 +98,7 @@ class Reservation:
         self._budget._finish(self, usage)
 
     @property
-    def owner(self) -> Budget:
+    def owner(self) -> Reserving:
         """The budget the reservation was made on."""
         return self._budget
 
@@ -111,7 +113,7 @@ class Reservation:
         self.release()
 
 
-class Reserving:
+class Reserving(_Host):
     """Mixin of :class:`~guard.policy.Budget` (it owns the state; this holds no slots).
 
     A reservation is checked against, held by and listed on every budget of the lineage, so

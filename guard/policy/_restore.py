@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy._budget import Budget
+    from guard.policy._budget_state import BudgetState as _Host
     from guard.policy._types import Usage
+else:
+    _Host = object  # the mixin's base at run time
 
 __all__ = ["Restorable"]
 
 
-class Restorable:
+class Restorable(_Host):
     """Mixin of :class:`~guard.policy.Budget`."""
 
     __slots__ = ()

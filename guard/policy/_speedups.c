@@ -10,8 +10,14 @@
  *
  * SHA-256 is implemented here (FIPS 180-4) so the module needs nothing but a C compiler: the
  * keyed inner/outer states are computed once and copied per fingerprint, as in Python.
- * Pure computation: no I/O, no globals written after import, safe under free threading of
- * independent calls (states are immutable bytes; each call copies them to the stack).
+ * The fingerprint functions are pure computation: no I/O, no globals written after import,
+ * safe under free threading of independent calls (states are immutable bytes, checked and
+ * copied to the stack by each call). The record kernels (_kernels.h) write the policy's
+ * objects: each takes the budget's own lock as its Python method does (without waiting: a
+ * lock held elsewhere refuses), and bind() is called once, at import. The module still
+ * declares that it needs the GIL (Py_mod_gil, 3.13): the kernels' slot reads and writes of
+ * the loop detector and forecaster are not guarded by a lock of theirs, exactly like the
+ * Python methods they replace, which rely on the caller's serialisation.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -98,13 +104,19 @@ static void sha_final(sha_ctx *c, uint8_t out[32]) {
     }
 }
 
-/* A state travels through Python as an immutable bytes object holding one sha_ctx. */
+/* A state travels through Python as an immutable bytes object holding one sha_ctx. Its
+ * fields are checked, not only its size (a forged state must not make sha_update write past
+ * buf): what is pending in buf is the absorbed length's remainder, below one block. */
 static int get_ctx(PyObject *o, sha_ctx *c) {
     if (!PyBytes_Check(o) || PyBytes_GET_SIZE(o) != (Py_ssize_t)sizeof(sha_ctx)) {
         PyErr_SetString(PyExc_TypeError, "not a state made by _speedups.state()");
         return -1;
     }
     memcpy(c, PyBytes_AS_STRING(o), sizeof(sha_ctx));
+    if (c->buflen >= 64 || c->buflen != (uint32_t)(c->len & 63) || c->len >> 61) {
+        PyErr_SetString(PyExc_ValueError, "not a state made by _speedups.state()");
+        return -1;
+    }
     return 0;
 }
 
@@ -546,14 +558,28 @@ static PyMethodDef methods[] = {
      "forecast_observe(forecaster, step_index, input_tokens) -> True, or None"},
     {NULL, NULL, 0, NULL}};
 
+
+/* Multi-phase initialisation (PEP 489). The record kernels' bound classes and offsets are
+ * process-wide (bind() is called once, by guard/policy/_kernels.py), so the module is one
+ * per process: not loaded into subinterpreters, and it keeps the GIL (3.13 free threading). */
+static PyModuleDef_Slot module_slots[] = {
+
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL}};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
                                     "_speedups",
                                     "Native fast paths of guard.policy._fingerprint.",
-                                    -1,
+                                    0,
                                     methods,
-                                    NULL,
+                                    module_slots,
                                     NULL,
                                     NULL,
                                     NULL};
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModuleDef_Init(&module); }

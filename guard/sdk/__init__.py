@@ -20,7 +20,7 @@ from guard.sdk._api import (
 )
 from guard.sdk._config import Settings, get_settings
 from guard.sdk._decorator import run
-from guard.sdk._run import Run
+from guard.sdk._handle import Run
 from guard.sdk._step import Step, current_step, progress, step
 from guard.sdk._tools import ToolBatch, admit_tools, run_tools, tool
 

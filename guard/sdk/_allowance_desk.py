@@ -17,7 +17,7 @@ from guard.wire import usage_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._control import ControlClient
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = ["MAX_ALLOWANCE_WAITS", "AllowanceDesk"]
 
@@ -33,7 +33,7 @@ class AllowanceDesk:
         self._waits: dict[int, tuple[concurrent.futures.Future[Any], bool]] = {}
 
     def request(
-        self, root: Run, cost_usd: float, tokens: int, *, stop_if_exhausted: bool = False
+        self, root: LiveRun, cost_usd: float, tokens: int, *, stop_if_exhausted: bool = False
     ) -> concurrent.futures.Future[Any] | None:
         """Send an ``AllowanceRequest`` for ``root`` (at least this much more). Returns a
         future resolved with the run's new :class:`~guard.sdk._reserve.Ceilings` (``None``
@@ -58,7 +58,7 @@ class AllowanceDesk:
             usage=usage_to_pb(root.budget.usage()),
         )
         client._send(pb.AgentMessage(allowance_request=req))
-        fut.add_done_callback(lambda f, rid=rid: self._forget(rid))
+        fut.add_done_callback(lambda f, rid=rid: self._forget(rid))  # type: ignore[misc]  # a lambda's default
         return fut
 
     def _forget(self, rid: int) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from guard.policy import Remaining
+from guard.policy import Limits, Remaining, Usage
 from guard.sdk import _runtime
 from guard.sdk._config import Settings, make_settings, swap_settings
-from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._handle import Run
+from guard.sdk._run import current_run_or_none
 
 __all__ = [
     "NULL_RUN",
@@ -42,6 +43,9 @@ def reset() -> None:
     _runtime.reset_runtime(swap_settings(None))
 
 
+_NO_LIMITS = Limits()
+
+
 class NullRun:
     """Stands in for a run outside ``@guard.run`` (or with the SDK disabled).
 
@@ -50,6 +54,7 @@ class NullRun:
     """
 
     run_id = ""
+    trace_id = ""
     agent = ""
     tenant = ""
     parent_run_id = None
@@ -65,8 +70,18 @@ class NullRun:
     def __repr__(self) -> str:
         return "<guard.NullRun>"
 
+    @property
+    def limits(self) -> Limits:
+        return _NO_LIMITS
+
     def remaining(self) -> Remaining:
         return Remaining()
+
+    def usage(self) -> Usage:
+        return Usage()
+
+    def elapsed_s(self) -> float:
+        return 0.0
 
     def timeout(self, configured_s: float | None = None) -> float | None:
         return configured_s
@@ -105,7 +120,7 @@ NULL_RUN = NullRun()
 def current_run() -> Run | NullRun:
     """The innermost run of this context; a falsy :class:`NullRun` outside any run."""
     r = current_run_or_none()
-    return r if r is not None else NULL_RUN
+    return r.handle if r is not None else NULL_RUN
 
 
 def evidence(name: str, ok: bool = True) -> None:

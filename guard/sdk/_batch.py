@@ -25,7 +25,7 @@ from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, current_batch, current_call, record_tool_call
 from guard.sdk._implicit import tool_estimate
 from guard.sdk._reserve import budget_stop, tenant_check
-from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._run import LiveRun, current_run_or_none
 from guard.sdk._step import current_step
 
 __all__ = ["ToolBatch", "admit_tools", "call_name_args", "record_in_step", "run_tools"]
@@ -66,7 +66,7 @@ def call_name_args(call: Any) -> tuple[str, Any]:
     return str(name), args
 
 
-def record_in_step(run: Run, name: str, args: Any, **kw: Any) -> None:
+def record_in_step(run: LiveRun, name: str, args: Any, **kw: Any) -> None:
     """Record a finished tool call in the run's current step (if this context has one of
     that run), else directly under the run."""
     step = current_step()
@@ -102,7 +102,7 @@ class ToolBatch:
 
     def __init__(
         self,
-        run: Run | None,
+        run: LiveRun | None,
         calls: Sequence[Any],
         cost_usd: float | Callable[[Any], float] | None = None,
     ) -> None:

@@ -18,7 +18,7 @@ from guard.sdk._tool_ledger import claim_invocation
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = [
     "MISSING",
@@ -101,7 +101,9 @@ def emit_call_span(
     span.end()
 
 
-def reserve_tool(run: Run, cost_usd: float | None = None, context: str = "") -> Reservation | None:
+def reserve_tool(
+    run: LiveRun, cost_usd: float | None = None, context: str = ""
+) -> Reservation | None:
     """Admit one tool call before it runs (refuse new work; never oversell the quota).
 
     Uses a slot reserved by an enclosing tool batch when there is one. A paid tool
@@ -132,8 +134,8 @@ def reserve_tool(run: Run, cost_usd: float | None = None, context: str = "") -> 
     return res
 
 
-def _has_tool_limit(run: Run) -> bool:
-    r: Run | None = run
+def _has_tool_limit(run: LiveRun) -> bool:
+    r: LiveRun | None = run
     while r is not None:
         if r.budget.limits.max_tool_calls is not None:
             return True
@@ -142,7 +144,7 @@ def _has_tool_limit(run: Run) -> bool:
 
 
 def record_tool_call(
-    run: Run,
+    run: LiveRun,
     parent_ctx: Any,
     step: Any,
     name: str,

@@ -42,7 +42,7 @@ from guard.wire import limits_to_pb, outcome_to_pb, usage_to_pb
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
     from guard.sdk._config import Settings
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
     from guard.sdk._runtime import Runtime
 
 __all__ = ["ControlClient"]
@@ -64,7 +64,7 @@ class ControlClient(ControlStream):
         self.counters = collections.Counter[str]()
         self.guard_id = ""
         self.guard_batches = False  # the guard's Welcome said it reads AgentMessage.batch
-        self._runs: dict[str, Run] = {}
+        self._runs: dict[str, LiveRun] = {}
         self._admissions: dict[int, tuple[concurrent.futures.Future[Any], str]] = {}
         self._request_ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -92,7 +92,9 @@ class ControlClient(ControlStream):
         self._thread.start()
         self._started.wait(2.0)
 
-    def register(self, run: Run, *, wait: bool = False) -> concurrent.futures.Future[Any] | None:
+    def register(
+        self, run: LiveRun, *, wait: bool = False
+    ) -> concurrent.futures.Future[Any] | None:
         """Send RunStarted. Returns a future resolved on Admit/Deny, or ``None`` when the
         guard is known to be unreachable (fail-open) and ``wait`` is False."""
         rid = next(self._request_ids)
@@ -112,7 +114,7 @@ class ControlClient(ControlStream):
         self._resolve(rid, None)
         return None
 
-    def run_ended(self, run: Run, outcome: Outcome) -> None:
+    def run_ended(self, run: LiveRun, outcome: Outcome) -> None:
         with self._lock:
             self._runs.pop(run.run_id, None)
             rid = getattr(run, "_request_id", None)
@@ -179,12 +181,12 @@ class ControlClient(ControlStream):
         """A request id unique on this client (RunStarted, AllowanceRequest)."""
         return next(self._request_ids)
 
-    def live_run(self, run_id: str) -> Run | None:
+    def live_run(self, run_id: str) -> LiveRun | None:
         """The registered run of that id, if it is still live here. Caller holds ``_lock``."""
         return self._runs.get(run_id)
 
     # -- helpers ----------------------------------------------------------------------------
-    def _run_started(self, run: Run, rid: int, snapshot: Any = None) -> pb.RunStarted:
+    def _run_started(self, run: LiveRun, rid: int, snapshot: Any = None) -> pb.RunStarted:
         msg = pb.RunStarted(
             run_id=run.run_id,
             trace_id=run.trace_id,
@@ -287,6 +289,7 @@ class ControlClient(ControlStream):
         if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
             self.counters["auth_errors"] += 1
             if self.counters["auth_errors"] == 1:  # once: a wrong token is not transient
+                assert isinstance(exc, grpc.aio.AioRpcError)  # it has a code
                 log.warning("otel-guard: the guard refused the stream: %s", exc.details())
         else:
             log.debug("otel-guard control stream error: %r", exc)
@@ -329,7 +332,7 @@ class ControlClient(ControlStream):
         if q is None or self._call is None:
             main.cancel()  # not connected: nothing can be delivered
             return
-        q.put_nowait(_HALF_CLOSE)  # type: ignore[arg-type]  # after everything queued (FIFO)
+        q.put_nowait(_HALF_CLOSE)  # after everything queued (FIFO)
         # The bound: a guard that never ends the stream does not hold the process.
         asyncio.get_running_loop().call_later(drain_s, main.cancel)
 

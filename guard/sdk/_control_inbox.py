@@ -68,6 +68,7 @@ def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
     applied = run is not None and run.live
     if kind == "admit":
         if applied:
+            assert run is not None  # applied: a live run
             run.adopt_limits(limits_from_pb(msg.admit.effective))
             if msg.admit.price_book_version:
                 run.price_book_version = msg.admit.price_book_version
@@ -78,10 +79,12 @@ def handle(client: ControlClient, msg: pb.GuardMessage) -> None:
         reason = _reason(d.reason)
         by = DecidedBy.OPERATOR if reason is Reason.OPERATOR_CANCEL else DecidedBy.GUARD
         if applied:
+            assert run is not None
             applied = run.interrupt(reason, d.detail, by, cancel=True)
         if kind == "deny":
             client._resolve(d.request_id, "deny")
     elif kind in ("warn", "wrap_up") and applied:
+        assert run is not None
         d = getattr(msg, kind)
         run.directive(kind, d.reason, d.detail, "guard")
     if run_id:

@@ -51,6 +51,9 @@ class ControlStream:
     _lock: Any
     _runs: dict[str, Any]
     _admissions: dict[int, Any]
+    if TYPE_CHECKING:  # ControlClient's
+
+        def _run_started(self, run: Any, rid: int, snapshot: Any = None) -> pb.RunStarted: ...
 
     async def _session(self, addr: Address) -> bool:
         self.route.trying(addr)
@@ -151,7 +154,7 @@ class ControlStream:
     async def _read(self, call: Any) -> None:
         async for msg in call:
             try:
-                handle(self, msg)
+                handle(self, msg)  # type: ignore[arg-type]  # self is the ControlClient
             except Exception:
                 self.counters["errors"] += 1
                 log.exception("otel-guard: handling a guard message failed")

@@ -134,7 +134,9 @@ def run(
     limit_kw = {k: v for k, v in locals().items() if k in _LIMIT_ARGS}
 
     def decorate(f: F) -> F:
-        name = agent or getattr(f, "__qualname__", None) or getattr(f, "__name__", "agent")
+        name: str = (
+            agent if agent else getattr(f, "__qualname__", "") or getattr(f, "__name__", "agent")
+        )
         spec = _make_spec(
             name, tenant, preset, limit_kw, loop, limits, require_evidence, fail_closed
         )

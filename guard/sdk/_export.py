@@ -205,7 +205,8 @@ def make_otlp_exporter(
         credentials=credentials,
         headers=headers,
         timeout=timeout_s,
-        channel_options=tuple(channel_options) or None,
+        # its annotation says a 1-tuple; it takes any number of grpc channel options
+        channel_options=tuple(channel_options) or None,  # type: ignore[arg-type]
         retryable_error_codes=None if retry_unavailable else _RETRY_BUT_UNAVAILABLE,
     )
 

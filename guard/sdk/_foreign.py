@@ -59,7 +59,7 @@ from guard.semconv import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
     from guard.sdk._runtime import Runtime
     from guard.sdk._step import Step
 
@@ -107,7 +107,7 @@ class _Owner:
 
     __slots__ = ("counted", "run", "step", "tools")
 
-    def __init__(self, run: Run, step: Step | None, tools: int | None, counted: bool) -> None:
+    def __init__(self, run: LiveRun, step: Step | None, tools: int | None, counted: bool) -> None:
         self.run = run
         self.step = step
         self.tools = tools
@@ -202,7 +202,8 @@ class ForeignSpans(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         out = span
         if self._owners and span._instrumentation_scope is not self._scope:
-            owner = self._owners.pop(span._context.span_id, None)
+            # an ended span has its context
+            owner = self._owners.pop(span._context.span_id, None)  # type: ignore[union-attr]
             if owner is not None and owner.run.live:
                 try:
                     out = self._count(span, owner)

@@ -11,7 +11,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = [
     "CallLedger",
@@ -94,7 +94,7 @@ class RunCalls:
                     del seen[next(iter(seen))]
 
 
-def calls_of(run: Run) -> RunCalls:
+def calls_of(run: LiveRun) -> RunCalls:
     calls = run.foreign_calls
     if calls is None:
         calls = run.foreign_calls = RunCalls()
@@ -104,7 +104,7 @@ def calls_of(run: Run) -> RunCalls:
 _INTEGRATED_MAX = 64  # recent integration calls kept per run for that match
 
 
-def note_integrated(run: Run, response_id: str | None, inp: int, out: int) -> None:
+def note_integrated(run: LiveRun, response_id: str | None, inp: int, out: int) -> None:
     """An integration recorded this call of ``run`` (see :attr:`RunCalls.integrated`)."""
     kept = calls_of(run).integrated
     kept.append((response_id, inp, out, None))  # CallLedger's entry shape
@@ -112,7 +112,7 @@ def note_integrated(run: Run, response_id: str | None, inp: int, out: int) -> No
         del kept[0]
 
 
-def native_tools(run: Run) -> int:
+def native_tools(run: LiveRun) -> int:
     """Tool calls the run recorded itself (``@guard.tool``, ``step.tool_call``)."""
     calls = run.foreign_calls
     return run.budget.usage().tool_calls - (calls.tools if calls is not None else 0)

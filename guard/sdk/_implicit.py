@@ -30,7 +30,7 @@ from guard.sdk._reserve import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = [
     "ImplicitReservation",
@@ -92,7 +92,7 @@ class Means:
         if imp is not None:
             imp.close()
 
-    def _fill_locked(self, run: Run) -> None:
+    def _fill_locked(self, run: LiveRun) -> None:
         cost_usd, tokens, _ = self._mean_locked()
         for step in () if self.explicit or not (cost_usd or tokens) else self.pending:
             if step._spent is not None or step._implicit is not None:
@@ -135,7 +135,7 @@ class Means:
             m = self.tools.get(name)
             return None if m is None or not m[0] else (m[1] / m[0], int(m[0]))
 
-    def explicit_reservation(self, run: Run) -> None:
+    def explicit_reservation(self, run: LiveRun) -> None:
         """An explicit reservation of ``run`` is being entered in this context: the implicit
         estimate held here is freed first (explicit wins), and the run's later steps hold
         none (see the module's docstring)."""
@@ -152,7 +152,7 @@ class ImplicitReservation:
     __slots__ = ("_res", "_token", "cost_usd", "run", "settled", "tokens")
 
     def __init__(
-        self, run: Run, res: Reservation, cost_usd: float, tokens: int, *, current: bool = True
+        self, run: LiveRun, res: Reservation, cost_usd: float, tokens: int, *, current: bool = True
     ) -> None:
         self.run = run
         self.cost_usd = cost_usd
@@ -182,12 +182,12 @@ class ImplicitReservation:
             res.release()  # a no-op once settled
 
 
-def _limited(run: Run) -> bool:
+def _limited(run: LiveRun) -> bool:
     """Whether a hold can matter: a cost or token limit on the lineage, or a tenant
     allowance to keep (else it would only take the budget's lock for nothing)."""
     if run.root.allowance is not None:
         return True
-    r: Run | None = run
+    r: LiveRun | None = run
     while r is not None:
         lim = r.budget.limits
         if lim.max_cost_usd is not None or lim.max_tokens is not None:
@@ -197,7 +197,7 @@ def _limited(run: Run) -> bool:
 
 
 def _step_hold(step: Any) -> ImplicitReservation | None:
-    run: Run = step.run
+    run: LiveRun = step.run
     means: Means = run.means
     if means.explicit or not run.limits.implicit_estimates or not _limited(run):
         return None
@@ -257,7 +257,7 @@ def end_step(step: Any) -> None:
         log.debug("otel-guard: implicit estimate bookkeeping failed", exc_info=True)
 
 
-def tool_estimate(run: Run, name: str) -> tuple[float, str] | None:
+def tool_estimate(run: LiveRun, name: str) -> tuple[float, str] | None:
     """A paid tool call priced by nothing explicit: ``(cost_usd, what)``, the run's mean cost
     per call of ``name`` and the words for a refusal; ``None`` before its first priced call
     (or with implicit estimates off)."""

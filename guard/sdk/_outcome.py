@@ -12,7 +12,7 @@ from guard.errors import RunStopped
 from guard.policy import REASON_STATUS, DecidedBy, Outcome, Reason, Status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = [
     "ORIGIN_ATTR",
@@ -62,7 +62,9 @@ def classify_exception(exc: BaseException) -> Reason:
     return Reason.ERROR
 
 
-def build_outcome(run: Run, status: Status, reason: Reason, message: str, by: DecidedBy) -> Outcome:
+def build_outcome(
+    run: LiveRun, status: Status, reason: Reason, message: str, by: DecidedBy
+) -> Outcome:
     u = run.budget.usage()
     limits = run.budget.limits
     stopped = status is not Status.COMPLETED
@@ -97,7 +99,7 @@ def build_outcome(run: Run, status: Status, reason: Reason, message: str, by: De
     )
 
 
-def final_outcome(run: Run, exc: BaseException | None) -> tuple[Outcome, bool]:
+def final_outcome(run: LiveRun, exc: BaseException | None) -> tuple[Outcome, bool]:
     """The outcome of a run that is unwinding with ``exc`` (``None`` = returned normally).
 
     Returns ``(outcome, stopped)``; ``stopped`` means the decorator raises ``RunStopped``
@@ -136,7 +138,7 @@ def final_outcome(run: Run, exc: BaseException | None) -> tuple[Outcome, bool]:
     return run.snapshot(Status.FAILED, reason, msg, DecidedBy.SDK), False
 
 
-def _missing_evidence(run: Run) -> list[str]:
+def _missing_evidence(run: LiveRun) -> list[str]:
     out = []
     for name in run.require_evidence:
         ok = run.evidence_seen.get(name)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from guard.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = ["clear_polls", "declare_polls", "declared_polls", "is_poll"]
 
@@ -59,7 +59,7 @@ def declared_polls() -> frozenset[str]:
     return _declared
 
 
-def is_poll(run: Run, name: str) -> bool:
+def is_poll(run: LiveRun, name: str) -> bool:
     """Whether a call of tool ``name`` in ``run`` is a poll by name (declared process-wide, or
     in the run's effective policy, ``loop.poll_tools``)."""
     return name in _declared or name in run.poll_tools

@@ -28,7 +28,7 @@ class _Relay(SpanProcessor):
 
     # Called by the provider as every span ends, with nothing for the relay to do there: a
     # builtin that takes the span and ignores it (a C call, not a Python frame per span).
-    _on_ending = id
+    _on_ending = id  # type: ignore[assignment]  # a builtin taking the span, not a method
 
     def __init__(self) -> None:
         self._target: Any = None

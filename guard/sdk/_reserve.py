@@ -37,7 +37,8 @@ from guard.policy._reservation import check_count, check_money
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Reservation
-    from guard.sdk._run import Run
+    from guard.sdk._implicit import ImplicitReservation
+    from guard.sdk._run import LiveRun
 
 __all__ = [
     "Ceilings",
@@ -56,8 +57,8 @@ _EPS = 1e-12
 _ROUNDS = 3  # requests per reservation before giving up (each answer may grant too little)
 
 # The reservation a model call of this context settles (each thread / task has its own).
-current_reservation: contextvars.ContextVar[StepReservation | None] = contextvars.ContextVar(
-    "guard_reservation", default=None
+current_reservation: contextvars.ContextVar[StepReservation | ImplicitReservation | None] = (
+    contextvars.ContextVar("guard_reservation", default=None)
 )
 
 
@@ -88,7 +89,7 @@ class Ceilings:
 
 
 def estimate_cost(
-    run: Run, model: str | None, input_tokens: int, output_tokens: int | None = None
+    run: LiveRun, model: str | None, input_tokens: int, output_tokens: int | None = None
 ) -> float:
     """An upper-bound cost of a call of ``model`` from the price book: ``input_tokens`` at its
     input rate and ``output_tokens`` at its output rate (an estimate assumes no cache hit, so
@@ -105,7 +106,7 @@ def estimate_cost(
 
 
 def _stop(
-    run: Run, reason: Reason, message: str, metric: str | None = None, by: Any = None
+    run: LiveRun, reason: Reason, message: str, metric: str | None = None, by: Any = None
 ) -> None:
     """Raise ``RunStopped`` now; the run stays stopped (its next SDK call raises too)."""
     d = Decision(Action.STOP, REASON_STATUS[reason], reason, None, metric, message)
@@ -115,7 +116,7 @@ def _stop(
     run.raise_stop(d, by)
 
 
-def budget_stop(run: Run, exc: BudgetExceeded, context: str = "") -> None:
+def budget_stop(run: LiveRun, exc: BudgetExceeded, context: str = "") -> None:
     """Stop the run with the reason of the budget that refused a reservation; ``context``
     says what was refused, ahead of the budget's own numbers."""
     reason = Reason.TOKEN_BUDGET if exc.metric == "tokens" else Reason.COST_BUDGET
@@ -126,7 +127,7 @@ def budget_stop(run: Run, exc: BudgetExceeded, context: str = "") -> None:
 
 
 # -- the tenant check ------------------------------------------------------------------------
-def _tenant_needs(run: Run) -> tuple[Ceilings, float, int] | None:
+def _tenant_needs(run: LiveRun) -> tuple[Ceilings, float, int] | None:
     """What the root run's used + reserved needs beyond its ceilings (``None``: it fits, or
     there are no ceilings to keep)."""
     al = run.root.allowance
@@ -139,7 +140,7 @@ def _tenant_needs(run: Run) -> tuple[Ceilings, float, int] | None:
     return al, nc, nt
 
 
-def _fallback(run: Run, why: str) -> None:
+def _fallback(run: LiveRun, why: str) -> None:
     """No usable answer from the guard: fail-open (counted), or refuse under fail_closed."""
     counters = run.rt.control.counters if run.rt.control is not None else None
     if run.fail_closed:
@@ -153,7 +154,7 @@ def _fallback(run: Run, why: str) -> None:
 
 
 def _ask(
-    run: Run, nc: float, nt: int, *, stop: bool = False
+    run: LiveRun, nc: float, nt: int, *, stop: bool = False
 ) -> concurrent.futures.Future[Any] | None:
     control = run.rt.control
     if control is None:
@@ -161,7 +162,7 @@ def _ask(
     return control.allowances.request(run.root, nc, nt, stop_if_exhausted=stop)
 
 
-def _answered(run: Run, answer: Any) -> bool:
+def _answered(run: LiveRun, answer: Any) -> bool:
     """After an answer: ``True`` to check again; raises when the tenant is exhausted."""
     if answer is None or time.monotonic() >= answer.expires_at:
         _fallback(run, "no allowance from the guard" if answer is None else "allowance expired")
@@ -171,7 +172,7 @@ def _answered(run: Run, answer: Any) -> bool:
     return True
 
 
-def _rounds(run: Run) -> Any:
+def _rounds(run: LiveRun) -> Any:
     """The tenant check as a generator: it yields the future of each request (or ``None``)
     and is sent the answer, so the sync and async drivers only differ in how they wait."""
     for _ in range(_ROUNDS):
@@ -207,7 +208,7 @@ async def _await(fut: concurrent.futures.Future[Any] | None, timeout_s: float) -
     return None
 
 
-def tenant_reserve_sync(run: Run, timeout_s: float) -> None:
+def tenant_reserve_sync(run: LiveRun, timeout_s: float) -> None:
     """Make the root's allowance cover what the run tree holds now (its reservation
     included), asking the guard for more when it does not; raises ``RunStopped``."""
     gen, answer = _rounds(run), None
@@ -216,7 +217,7 @@ def tenant_reserve_sync(run: Run, timeout_s: float) -> None:
             answer = _wait(gen.send(answer), timeout_s)
 
 
-async def tenant_reserve_async(run: Run, timeout_s: float) -> None:
+async def tenant_reserve_async(run: LiveRun, timeout_s: float) -> None:
     """:func:`tenant_reserve_sync` without blocking the event loop."""
     gen, answer = _rounds(run), None
     with contextlib.suppress(StopIteration):
@@ -224,7 +225,7 @@ async def tenant_reserve_async(run: Run, timeout_s: float) -> None:
             answer = await _await(gen.send(answer), timeout_s)
 
 
-def tenant_check(run: Run, undo: Callable[[], None]) -> None:
+def tenant_check(run: LiveRun, undo: Callable[[], None]) -> None:
     """The tenant check of a hold just taken on ``run`` (:func:`tenant_reserve_sync`, waiting
     at most the admit timeout); any exception (a stop included) gives the hold back first."""
     try:
@@ -234,7 +235,7 @@ def tenant_check(run: Run, undo: Callable[[], None]) -> None:
         raise
 
 
-async def tenant_check_async(run: Run, undo: Callable[[], None]) -> None:
+async def tenant_check_async(run: LiveRun, undo: Callable[[], None]) -> None:
     """:func:`tenant_check` without blocking the event loop."""
     try:
         await tenant_reserve_async(run, run.rt.settings.admit_timeout_ms / 1000.0)
@@ -243,7 +244,7 @@ async def tenant_check_async(run: Run, undo: Callable[[], None]) -> None:
         raise
 
 
-def tenant_after_call(run: Run, al: Ceilings, cost_usd: float | None, tokens: int) -> None:
+def tenant_after_call(run: LiveRun, al: Ceilings, cost_usd: float | None, tokens: int) -> None:
     """After a model call made without a reservation: when one more call of this size would
     pass the allowance, ask for more now; ``exhausted`` makes the stop pending (raised at
     the run's next SDK call, the finished call's result is kept). Never raises."""
@@ -272,7 +273,7 @@ def tenant_after_call(run: Run, al: Ceilings, cost_usd: float | None, tokens: in
         pending_tenant_stop(run, answer.detail)
 
 
-def pending_tenant_stop(run: Run, detail: str) -> None:
+def pending_tenant_stop(run: LiveRun, detail: str) -> None:
     """The guard said exhausted: the run stops at its next SDK call (decided by the guard,
     as its tenant cut would; no task cancel, so the finished call's result is kept)."""
     run.interrupt(
@@ -287,7 +288,7 @@ class StepReservation:
 
     __slots__ = ("_res", "_token", "cost_usd", "run", "settled", "tokens")
 
-    def __init__(self, run: Run | None, cost_usd: float, tokens: int) -> None:
+    def __init__(self, run: LiveRun | None, cost_usd: float, tokens: int) -> None:
         self.run = run
         self.cost_usd = cost_usd
         self.tokens = tokens
@@ -295,7 +296,7 @@ class StepReservation:
         self._res: Reservation | None = None
         self._token: Any = None
 
-    def _hold(self) -> Run | None:
+    def _hold(self) -> LiveRun | None:
         run = self.run
         if run is None:
             return None
@@ -346,7 +347,7 @@ class StepReservation:
 
 
 def make_reservation(
-    run: Run | None,
+    run: LiveRun | None,
     cost_usd: float | None,
     tokens: int | None,
     model: str | None,

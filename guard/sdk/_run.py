@@ -38,6 +38,7 @@ from guard.policy import (
     SoftLevel,
     Status,
 )
+from guard.sdk._handle import Run
 from guard.sdk._implicit import Means
 from guard.sdk._outcome import Interrupt, build_outcome
 from guard.sdk._procs import TrackedProcess, safe_call
@@ -48,21 +49,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
     from guard.sdk._runtime import Runtime
 
-__all__ = ["Run", "current_run_or_none"]
+__all__ = ["LiveRun", "current_run_or_none"]
 
 log = logging.getLogger("guard.sdk")
 
-_current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("guard_run", default=None)
+_current: contextvars.ContextVar[LiveRun | None] = contextvars.ContextVar("guard_run", default=None)
 # Tasks whose cancellation the SDK requested, and by which run (to uncancel exactly once).
-_task_cancels: dict[asyncio.Task[Any], Run] = {}
+_task_cancels: dict[asyncio.Task[Any], LiveRun] = {}
 
 
-def current_run_or_none() -> Run | None:
+def current_run_or_none() -> LiveRun | None:
     return _current.get()
 
 
-class Run(RunFlow):
-    """One guarded run. Obtain it with ``guard.current_run()`` inside a ``@guard.run``."""
+class LiveRun(RunFlow):
+    """One guarded run, with the SDK's machinery. Agent code sees its :class:`Run` handle
+    (``guard.current_run()``); the integrations and the SDK work on this object."""
 
     def __init__(
         self,
@@ -71,7 +73,7 @@ class Run(RunFlow):
         agent: str,
         tenant: str,
         limits: Limits,
-        parent: Run | None,
+        parent: LiveRun | None,
         require_evidence: tuple[str, ...] = (),
         is_async: bool = False,
     ) -> None:
@@ -82,7 +84,7 @@ class Run(RunFlow):
         self.parent = parent
         self.parent_run_id = parent.run_id if parent is not None else None
         # The root run holds the tenant allowance for the whole tree (sub-agents spend it).
-        self.root: Run = parent.root if parent is not None else self
+        self.root: LiveRun = parent.root if parent is not None else self
         self.allowance: Any = None  # guard.sdk._reserve.Ceilings, pushed by the guard
         self.fail_closed = False  # set by the decorator: refuse when the guard cannot answer
         self.requested = limits
@@ -109,7 +111,7 @@ class Run(RunFlow):
         self.span: Any = None
         self.ctx: Any = None
         self.task: asyncio.Task[Any] | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event_loop: asyncio.AbstractEventLoop | None = None
         self.outcome: Outcome | None = None
         self.evidence_seen: dict[str, bool] = {}
         self.last_tool: str | None = None
@@ -132,7 +134,7 @@ class Run(RunFlow):
         self.wrap_up_requested = False
         self.directives: list[tuple[str, str, str, str]] = []  # (action, reason, detail, source)
         self._lock = threading.RLock()
-        self._children: list[Run] = []
+        self._children: list[LiveRun] = []
         self._procs: list[TrackedProcess] = []
         self._cancel_cbs: list[Callable[[], Any]] = []
         self._directive_cbs: list[Callable[[str, str, str], Any]] = []
@@ -142,6 +144,7 @@ class Run(RunFlow):
         self.stopped: tuple[Decision, DecidedBy] | None = None  # a stop raised to the user
         self._deadline_timer: Any = None  # a handle of self.clock.schedule
         self.live = True
+        self.handle = Run(self)  # what guard.current_run() gives agent code
         if parent is not None:
             with parent._lock:
                 parent._children.append(self)
@@ -299,9 +302,9 @@ class Run(RunFlow):
         for child in children:
             child.interrupt(reason, detail, by, cancel=cancel)
         # 2. stop in-flight work: the awaiting task, the process groups, user callbacks.
-        if self.is_async and self.task is not None and self.loop is not None:
+        if self.is_async and self.task is not None and self.event_loop is not None:
             with contextlib.suppress(RuntimeError):  # loop closed: nothing in flight any more
-                self.loop.call_soon_threadsafe(self._cancel_task)
+                self.event_loop.call_soon_threadsafe(self._cancel_task)
         grace = self.rt.settings.kill_grace_s
         for p in procs:
             p.terminate(grace)

@@ -1,6 +1,6 @@
 """The run's own flow: the checks before new work and the one epilogue after every call.
 
-:class:`RunFlow` is the part of :class:`guard.sdk._run.Run` that steps, model calls, tool calls
+:class:`RunFlow` is the part of :class:`guard.sdk._run.LiveRun` that steps, model calls, tool calls
 and tool batches go through (``Step``, ``guard.sdk._calls``, ``guard.sdk._batch`` and the
 third-party span counter call these methods, never the run's fields):
 
@@ -40,7 +40,7 @@ from guard.sdk._reserve import tenant_after_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import Outcome
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = ["RunFlow"]
 
@@ -52,8 +52,8 @@ class RunFlow:
     """Checks, records and the after-call epilogue of a run (mixed into ``Run``)."""
 
     # Set by Run.__init__.
-    parent: Run | None
-    root: Run
+    parent: LiveRun | None
+    root: LiveRun
     run_id: str
     allowance: Any
     budget: Budget

@@ -33,7 +33,7 @@ from guard import semconv as A
 from guard.errors import GuardUnavailable, RunStopped
 from guard.policy import DecidedBy, Reason, Status
 from guard.sdk._outcome import final_outcome, outcome_attrs
-from guard.sdk._run import Run, _current, current_run_or_none
+from guard.sdk._run import LiveRun, _current, current_run_or_none
 from guard.sdk._runtime import get_runtime
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,12 +57,12 @@ class RunScope:
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
-        self.run: Run | None = None
+        self.run: LiveRun | None = None
         self._token: Any = None
         self._otel_token: Any = None
 
     # -- sync -----------------------------------------------------------------------------
-    def __enter__(self) -> Run:
+    def __enter__(self) -> LiveRun:
         r = self._start(False)
         try:
             _admit_blocking(r, self.spec)
@@ -75,10 +75,10 @@ class RunScope:
         return self._exit(exc)
 
     # -- async ----------------------------------------------------------------------------
-    async def __aenter__(self) -> Run:
+    async def __aenter__(self) -> LiveRun:
         r = self._start(True)
         r.task = asyncio.current_task()
-        r.loop = asyncio.get_running_loop()
+        r.event_loop = asyncio.get_running_loop()
         if r.cancelled:  # cancelled during start (e.g. by a parent): deliver to the task now
             r._cancel_task()
         try:
@@ -92,12 +92,12 @@ class RunScope:
         return self._exit(exc)
 
     # -- the lifecycle --------------------------------------------------------------------
-    def _start(self, is_async: bool) -> Run:
+    def _start(self, is_async: bool) -> LiveRun:
         spec = self.spec
         rt = get_runtime()
         parent = current_run_or_none()
         tenant = spec.tenant or (parent.tenant if parent is not None else rt.settings.tenant)
-        r = Run(
+        r = LiveRun(
             rt,
             agent=spec.agent,
             tenant=tenant,
@@ -153,8 +153,9 @@ class RunScope:
         assert r is not None
         try:
             outcome, stopped = final_outcome(r, exc)
-            if isinstance(exc, GuardUnavailable) and getattr(exc, "outcome", None) is not None:
-                outcome, stopped = exc.outcome, False
+            refused = getattr(exc, "outcome", None) if isinstance(exc, GuardUnavailable) else None
+            if refused is not None:
+                outcome, stopped = refused, False
         except Exception:  # pragma: no cover - never let bookkeeping break the agent
             log.exception("otel-guard: building the outcome failed")
             outcome, stopped = (
@@ -194,11 +195,11 @@ class RunScope:
 # ------------------------------------------------------------------------------ admission
 
 
-def _fail_closed(r: Run, spec: RunSpec) -> bool:
+def _fail_closed(r: LiveRun, spec: RunSpec) -> bool:
     return spec.fail_closed if spec.fail_closed is not None else r.rt.settings.fail_closed
 
 
-def _admission(r: Run, spec: RunSpec) -> concurrent.futures.Future[Any] | None:
+def _admission(r: LiveRun, spec: RunSpec) -> concurrent.futures.Future[Any] | None:
     control = r.rt.control
     if control is None:
         return None
@@ -209,7 +210,7 @@ def _admission(r: Run, spec: RunSpec) -> concurrent.futures.Future[Any] | None:
         return None
 
 
-def _admitted(r: Run, spec: RunSpec, ok: bool) -> None:
+def _admitted(r: LiveRun, spec: RunSpec, ok: bool) -> None:
     """After the admission wait: a deny raises now; an unanswered fail_closed run refuses."""
     r.check_stop()  # a deny is an interrupt: RunStopped before the first step
     if not ok and _fail_closed(r, spec):
@@ -221,7 +222,7 @@ def _admitted(r: Run, spec: RunSpec, ok: bool) -> None:
         raise exc
 
 
-def _admit_blocking(r: Run, spec: RunSpec) -> None:
+def _admit_blocking(r: LiveRun, spec: RunSpec) -> None:
     """Wait (bounded by ``admit_timeout_ms``) for the guard's answer to a sync run's start."""
     fut = _admission(r, spec)
     if fut is None:
@@ -238,7 +239,7 @@ def _admit_blocking(r: Run, spec: RunSpec) -> None:
     _admitted(r, spec, ok)
 
 
-async def _admit_awaiting(r: Run, spec: RunSpec) -> None:
+async def _admit_awaiting(r: LiveRun, spec: RunSpec) -> None:
     """Await (bounded by ``admit_timeout_ms``) the guard's answer to an async run's start."""
     fut = _admission(r, spec)
     if fut is None:

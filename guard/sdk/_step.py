@@ -21,7 +21,7 @@ from guard.sdk._run import _current as _current_run
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.sdk._reserve import StepReservation
-    from guard.sdk._run import Run
+    from guard.sdk._run import LiveRun
 
 __all__ = ["Step", "current_step", "step"]
 
@@ -99,7 +99,7 @@ class Step:
         "tool_calls",
     )
 
-    def __init__(self, run: Run | None = _CURRENT) -> None:
+    def __init__(self, run: LiveRun | None = _CURRENT) -> None:
         self.run = _current_run.get() if run is _CURRENT else run
         self.index = 0
         self.span: Any = None
@@ -126,9 +126,9 @@ class Step:
         self._implicit = hold_step(self)  # before the call: RunStopped if it cannot be covered
         return self._open(run, index, seq)
 
-    def _open(self, run: Run, index: int, seq: int) -> Step:
+    def _open(self, run: LiveRun, index: int, seq: int) -> Step:
         self.index = index
-        attrs = {_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index}
+        attrs: dict[str, str | int] = {_RUN_ID: run.run_id, _TENANT: run.tenant, _STEP_INDEX: index}
         if run.numbered:
             attrs[_SEQ] = seq
         span = self.span = run.rt.tracer.start_span(_STEP_SPAN, context=run.ctx, attributes=attrs)

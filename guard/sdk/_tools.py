@@ -12,7 +12,7 @@ from guard.errors import ConfigError
 from guard.policy._reservation import check_money
 from guard.sdk._calls import MISSING, reserve_tool
 from guard.sdk._implicit import tool_estimate
-from guard.sdk._run import Run, current_run_or_none
+from guard.sdk._run import LiveRun, current_run_or_none
 
 __all__ = ["ToolBatch", "admit_tools", "run_tools", "tool"]
 
@@ -35,7 +35,14 @@ def _call_args(sig: inspect.Signature | None, args: tuple, kwargs: dict) -> Any:
 
 
 @overload
-def tool(fn: F) -> F: ...
+def tool(
+    fn: F,
+    *,
+    name: str | None = None,
+    retries: int = 0,
+    cost_usd: float | None = None,
+    poll: bool = False,
+) -> F: ...
 @overload
 def tool(
     *,
@@ -73,7 +80,7 @@ def tool(
         raise ConfigError(f"must be true or false, got {poll!r}", path="tool.poll")
     if fn is None:
         return lambda f: tool(f, name=name, retries=retries, cost_usd=cost_usd, poll=poll)
-    tool_name = name or getattr(fn, "__name__", "tool")
+    tool_name: str = name if name else getattr(fn, "__name__", "tool")
     try:
         sig: inspect.Signature | None = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -138,7 +145,7 @@ class _ToolCall:
 
     def __init__(
         self,
-        run: Run,
+        run: LiveRun,
         name: str,
         sig: inspect.Signature | None,
         args: tuple,

@@ -31,23 +31,23 @@ from grpc_reflection.v1alpha import reflection
 from guard._native import native_figures
 from guard.errors import ConfigError, GuardUnavailable
 from guard.policy import MetricsSettings, PolicyConfig
-from guard.server._admin import AdminServicer
-from guard.server._auth import Authenticator
-from guard.server._clocks import skew_figures
-from guard.server._control import ControlServicer
-from guard.server._control import add_to_server as add_control
-from guard.server._fair import TenantTurns
-from guard.server._fanout import AgentSession
-from guard.server._intake import SpanIntake
-from guard.server._lifecycle import Readiness
-from guard.server._looplag import LoopLag
-from guard.server._ordered import OrderedSet
-from guard.server._otlp import SERVICE_NAME as OTLP_SERVICE
-from guard.server._otlp import trace_service_handler
 from guard.server._parts import parts_for
-from guard.server._registry import Registry
-from guard.server._safe import add_safely
-from guard.server._sinks import NullSink
+from guard.server.admin._admin import AdminServicer
+from guard.server.control._clocks import skew_figures
+from guard.server.control._fanout import AgentSession
+from guard.server.control._stream import ControlServicer
+from guard.server.control._stream import add_to_server as add_control
+from guard.server.otlp._grpc import SERVICE_NAME as OTLP_SERVICE
+from guard.server.otlp._grpc import trace_service_handler
+from guard.server.otlp._intake import SpanIntake
+from guard.server.runs._lifecycle import Readiness
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import Authenticator
+from guard.server.runtime._fair import TenantTurns
+from guard.server.runtime._looplag import LoopLag
+from guard.server.runtime._ordered import OrderedSet
+from guard.server.runtime._safe import add_safely
+from guard.server.sinks._memory import NullSink
 from guard.v1 import guard_pb2, guard_pb2_grpc
 from guard.wire import policy_to_pb
 
@@ -247,14 +247,14 @@ class GuardServer:
             raise GuardUnavailable(f"could not bind {self.listen}")
         self.port = port
         if self.metrics_settings.enabled:  # before serving: a bad metrics address stops here
-            from guard.server._metrics import GuardMetrics
+            from guard.server.runtime._metrics import GuardMetrics
 
             self.metrics = GuardMetrics(self, self.metrics_settings).start()
         self.registry.metrics = self.metrics  # the shared state reports through it
         await self.registry.parts.start()  # shared state first: admissions need it
         self.intake.start()
         if self.http_listen:  # after the parts (it ingests at once), before reporting ready
-            from guard.server._http import HttpReceiver, server_ssl_context
+            from guard.server.otlp._http import HttpReceiver, server_ssl_context
 
             ctx = None
             if self.tls is not None:

@@ -2,7 +2,7 @@
  * The native span applier: SpanApplier.ingest()'s loop for the three common kinds.
  *
  * apply() walks a request's observations from `start` and applies each tool, step and model
- * span of a tracked run exactly as guard/server/_ingest.py's loop does (the reference): the
+ * span of a tracked run exactly as guard/server/applier/_applier.py's loop does (the reference): the
  * run's fields and its Touched entry here, the budget, loop-detector and forecaster
  * arithmetic through the policy's record kernels (guard/policy/_speedups.c, called as the
  * policy's functions, never by reaching into its objects). Exactness by refusal: at the first
@@ -62,41 +62,64 @@ static PyObject *k_one, *k_zero, *k_zero_f, *s_judge_last, *s_end_step, *s_obser
     *attempts_kwnames, *s_limits, *s_max_tokens, *s_max_cost, *k_span, *s_level, *s_rank,
     *end_step_kwnames;
 
-#define OBS(o, i) PyList_GET_ITEM((o), obs_slot[i])
+/* A list's item as a new reference (NULL, no exception, when out of range): the
+ * observations and their lists are the caller's, and code run from here may change them. */
+static inline PyObject *item_ref(PyObject *list, Py_ssize_t i) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *v = PyList_GetItemRef(list, i);
+    if (v == NULL) PyErr_Clear();
+    return v;
+#else
+    PyObject *v = i < PyList_GET_SIZE(list) ? PyList_GetItem(list, i) : NULL;
+    return Py_XNewRef(v);
+#endif
+}
 
 /* configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok_verdict, span)
  * slots: the observation's slot indexes in the O_* order; kinds: (tool, step, model, run);
  * phases: (after model call, after tool batch, before step); kernels: the policy's
- * RecordKernels; span: the steps _decisions._forecast_due looks ahead. */
+ * RecordKernels; span: the steps _decisions._forecast_due looks ahead. All or nothing: read
+ * and checked (every slot inside nslots) into locals before anything changes. */
 static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t i;
+    Py_ssize_t i, o_r[NR], o_tc[NT], o_u[NU], o_obs[NO], n;
+    long kinds[4];
     if (nargs != 10 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
-        !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != NO || !PyTuple_Check(args[5]) ||
-        PyTuple_GET_SIZE(args[5]) != 4 || !PyTuple_Check(args[6]) ||
+        !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != NO || !PyLong_Check(args[4]) ||
+        !PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 4 || !PyTuple_Check(args[6]) ||
         PyTuple_GET_SIZE(args[6]) != 3 || !PyTuple_Check(args[7]) ||
         PyTuple_GET_SIZE(args[7]) != NK) {
         PyErr_SetString(PyExc_TypeError, "configure(): bad arguments");
         return NULL;
     }
     for (i = 0; i < NR; i++)
-        if (member_offset(args[0], run_slots[i], &off_r[i]) < 0) return NULL;
+        if (member_offset(args[0], run_slots[i], &o_r[i]) < 0) return NULL;
     for (i = 0; i < NT; i++)
-        if (member_offset(args[1], touched_slots[i], &off_tc[i]) < 0) return NULL;
+        if (member_offset(args[1], touched_slots[i], &o_tc[i]) < 0) return NULL;
     for (i = 0; i < NU; i++)
-        if (member_offset(args[2], usage_slots[i], &off_u[i]) < 0) return NULL;
-    nslots = PyLong_AsSsize_t(args[4]);
+        if (member_offset(args[2], usage_slots[i], &o_u[i]) < 0) return NULL;
+    n = PyLong_AsSsize_t(args[4]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "configure(): bad nslots");
+        return NULL;
+    }
     for (i = 0; i < NO; i++) {
-        obs_slot[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[3], i));
-        if (obs_slot[i] < 0 || obs_slot[i] >= nslots) {
+        PyObject *v = PyTuple_GET_ITEM(args[3], i);
+        o_obs[i] = PyLong_Check(v) ? PyLong_AsSsize_t(v) : -1;
+        if (o_obs[i] < 0 || o_obs[i] >= n) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "configure(): bad slot");
             return NULL;
         }
     }
-    kind_tool = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 0));
-    kind_step = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 1));
-    kind_model = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 2));
-    kind_run = PyLong_AsLong(PyTuple_GET_ITEM(args[5], 3));
-    if (PyErr_Occurred()) return NULL;
+    for (i = 0; i < 4; i++) {
+        PyObject *v = PyTuple_GET_ITEM(args[5], i);
+        int over;
+        kinds[i] = PyLong_Check(v) ? PyLong_AsLongAndOverflow(v, &over) : -1;
+        if (!PyLong_Check(v) || over || kinds[i] < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "configure(): bad kind");
+            return NULL;
+        }
+    }
     if (k_one == NULL) {
         k_one = PyLong_FromLong(1);
         k_zero = PyLong_FromLong(0);
@@ -117,6 +140,12 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
             !s_rank || !end_step_kwnames)
             return NULL;
     }
+    memcpy(off_r, o_r, sizeof o_r);
+    memcpy(off_tc, o_tc, sizeof o_tc);
+    memcpy(off_u, o_u, sizeof o_u);
+    memcpy(obs_slot, o_obs, sizeof o_obs);
+    nslots = n;
+    kind_tool = kinds[0], kind_step = kinds[1], kind_model = kinds[2], kind_run = kinds[3];
     Py_XSETREF(run_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(touched_type, (PyTypeObject *)Py_NewRef(args[1]));
     Py_XSETREF(usage_type, (PyTypeObject *)Py_NewRef(args[2]));
@@ -129,7 +158,8 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-/* A kernel's answer: 1 taken (its result in *out, a new reference), 0 refused, -1 error. */
+/* A kernel's answer: 1 taken (its result in *out, a new reference), 0 refused, -1 error.
+ * The caller holds every argument (a kernel may run Python code). */
 static int kernel(int k, PyObject *const *args, Py_ssize_t n, PyObject **out) {
     PyObject *r = PyObject_Vectorcall(kernels[k], args, n, NULL);
     if (r == NULL) return -1;
@@ -141,10 +171,14 @@ static int kernel(int k, PyObject *const *args, Py_ssize_t n, PyObject **out) {
     return 1;
 }
 
-static long rank_of(PyObject *verdict) {
+/* A verdict's rank into *out: 0, or -1 with an exception. */
+static int rank_of(PyObject *verdict, long *out) {
     PyObject *level, *rank;
     long r;
-    if (verdict == ok_verdict) return 0;
+    if (verdict == ok_verdict) {
+        *out = 0;
+        return 0;
+    }
     level = PyObject_GetAttr(verdict, s_level);
     if (level == NULL) return -1;
     rank = PyObject_GetAttr(level, s_rank);
@@ -152,11 +186,14 @@ static long rank_of(PyObject *verdict) {
     if (rank == NULL) return -1;
     r = PyLong_AsLong(rank);
     Py_DECREF(rank);
-    return r;
+    if (r == -1 && PyErr_Occurred()) return -1;
+    *out = r;
+    return 0;
 }
 
 /* The request's entry of `run`: a new Touched(phase, verdict, tools, attempts) when it has
- * none (0), else the phase set and the verdict kept when stronger (1); -1 on error. */
+ * none (0), else the phase set and the verdict kept when stronger (1); -1 on error. *entry
+ * is a reference the caller owns (the one created here too). */
 static int touch(PyObject *touched, PyObject *run, PyObject **entry, PyObject *phase,
                  PyObject *verdict, PyObject *tools, PyObject *attempts) {
     PyObject *e;
@@ -171,7 +208,6 @@ static int touch(PyObject *touched, PyObject *run, PyObject **entry, PyObject *p
             Py_DECREF(e);
             return -1;
         }
-        Py_DECREF(e); /* the dict holds it */
         *entry = e;
         return 0;
     }
@@ -185,19 +221,36 @@ static int touch(PyObject *touched, PyObject *run, PyObject **entry, PyObject *p
         if (have == NULL || have == Py_None) {
             slot_set(e, off_tc[T_VERDICT], verdict);
         } else if (verdict != have && verdict != ok_verdict) {
-            long a = rank_of(verdict), b = rank_of(have);
-            if (a < 0 || b < 0) return -1;
+            long a, b;
+            int bad;
+            Py_INCREF(have);
+            bad = rank_of(verdict, &a) < 0 || rank_of(have, &b) < 0;
+            Py_DECREF(have);
+            if (bad) return -1;
             if (a > b) slot_set(e, off_tc[T_VERDICT], verdict);
         }
     }
     return 1;
 }
 
-static int truthy(PyObject *v) { return v != Py_None && PyObject_IsTrue(v); }
+/* `v is not None and bool(v)`: 1, 0, or -1 with an exception. */
+static int truthy(PyObject *v) { return v == Py_None ? 0 : PyObject_IsTrue(v); }
+
+/* The observation's fields a span's code reads, each a new reference (None when the list is
+ * shorter): taken at once, before anything runs that could change the list. */
+typedef struct {
+    PyObject *f[NO];
+} fields;
+
+#define F(x) (sp->f[x])
+
+static void fields_clear(fields *sp) {
+    for (int i = 0; i < NO; i++) Py_CLEAR(sp->f[i]);
+}
 
 /* A tool span: 1 applied, 0 refused, -1 error. */
-static int tool_span(PyObject *o, PyObject *run, PyObject *touched, PyObject **entry) {
-    PyObject *fp = OBS(o, O_ACTION_FP), *attempts = OBS(o, O_ATTEMPTS), *name, *verdict;
+static int tool_span(fields *sp, PyObject *run, PyObject *touched, PyObject **entry) {
+    PyObject *fp = F(O_ACTION_FP), *attempts = F(O_ATTEMPTS), *name, *verdict, *loop = NULL;
     PyObject *quiet = NULL, *args[3];
     int rc, t;
     t = PyObject_IsTrue(attempts);
@@ -206,27 +259,29 @@ static int tool_span(PyObject *o, PyObject *run, PyObject *touched, PyObject **e
     t = PyObject_IsTrue(fp);
     if (t < 0) return -1;
     if (t) {
-        args[0] = SLOT(run, off_r[R_LOOP]), args[1] = fp, args[2] = OBS(o, O_RESULT_HASH);
-        if (args[0] == NULL) return 0;
+        if ((loop = SLOT(run, off_r[R_LOOP])) == NULL) return 0;
+        Py_INCREF(loop);
+        args[0] = loop, args[1] = fp, args[2] = F(O_RESULT_HASH);
         rc = kernel(K_LOOP_OBSERVE, args, 3, &quiet);
-        if (rc <= 0) return rc;
+        if (rc <= 0) {
+            Py_DECREF(loop);
+            return rc;
+        }
         if (quiet == Py_True) {
             verdict = Py_NewRef(ok_verdict);
         } else {
-            verdict = PyObject_CallMethodNoArgs(args[0], s_judge_last);
-            if (verdict == NULL) {
-                Py_DECREF(quiet);
-                return -1;
-            }
+            verdict = PyObject_CallMethodNoArgs(loop, s_judge_last);
         }
         Py_DECREF(quiet);
+        Py_DECREF(loop);
+        if (verdict == NULL) return -1;
     } else {
         verdict = Py_NewRef(Py_None);
     }
     /* the run's fields, as the Python loop sets them (before the detector: nothing reads
      * them in between) */
     if (slot_add(run, off_r[R_STEP_TOOLS], k_one) < 0) goto fail;
-    name = OBS(o, O_TOOL_NAME);
+    name = F(O_TOOL_NAME);
     t = PyObject_IsTrue(name);
     if (t < 0) goto fail;
     if (t) slot_set(run, off_r[R_LAST_TOOL], name);
@@ -240,12 +295,12 @@ fail:
 }
 
 /* A step span: 1 applied, 0 refused, -1 error. */
-static int step_span(PyObject *o, PyObject *run, PyObject *usage, PyObject *touched,
+static int step_span(fields *sp, PyObject *run, PyObject *usage, PyObject *touched,
                      PyObject **entry) {
-    PyObject *index = OBS(o, O_STEP_INDEX), *tokens = SLOT(run, off_r[R_STEP_INPUT]);
+    PyObject *index = F(O_STEP_INDEX), *tokens = SLOT(run, off_r[R_STEP_INPUT]);
     PyObject *loop = SLOT(run, off_r[R_LOOP]), *fc = SLOT(run, off_r[R_FORECASTER]);
     PyObject *budget = SLOT(run, off_r[R_BUDGET]), *seq = NULL, *verdict = NULL, *done = NULL;
-    PyObject *args[4];
+    PyObject *args[4], *v;
     int rc, acted;
     /* what Forecaster.observe() would refuse (after the step is recorded) is the Python
      * loop's; a missing index is too (it reads the budget's steps) */
@@ -253,57 +308,65 @@ static int step_span(PyObject *o, PyObject *run, PyObject *usage, PyObject *touc
         !budget || !SLOT(run, off_r[R_STEP_TOOLS]) || !SLOT(run, off_r[R_STEP_TOKENS]) ||
         !SLOT(run, off_r[R_STEP_COST]))
         return 0;
+    /* (exact ints: these comparisons run no Python code) */
     rc = PyObject_RichCompareBool(index, k_one, Py_GE);
     if (rc <= 0) return rc;
     rc = PyObject_RichCompareBool(tokens, k_zero, Py_GE);
     if (rc <= 0) return rc;
+    Py_INCREF(tokens), Py_INCREF(loop), Py_INCREF(fc), Py_INCREF(budget);
     args[0] = budget, args[1] = usage;
     rc = kernel(K_BUDGET_STEP, args, 2, &seq);
-    if (rc <= 0) return rc;
+    if (rc <= 0) goto out;
     Py_DECREF(seq);
     /* from here the step is recorded: any failure is an error, as in the Python loop */
-    args[0] = loop, args[1] = OBS(o, O_STATE_HASH), args[2] = OBS(o, O_PROGRESS);
+    args[0] = loop, args[1] = F(O_STATE_HASH), args[2] = F(O_PROGRESS);
     rc = kernel(K_LOOP_END_STEP, args, 3, &verdict);
-    if (rc < 0) return -1;
+    if (rc < 0) goto out;
     if (rc == 0) {
-        acted = PyObject_RichCompareBool(SLOT(run, off_r[R_STEP_TOOLS]), k_zero, Py_GT);
-        if (acted < 0) return -1;
-        args[1] = OBS(o, O_STATE_HASH), args[2] = OBS(o, O_PROGRESS);
+        rc = -1;
+        if ((v = slot_get(run, off_r[R_STEP_TOOLS])) == NULL) goto out;
+        acted = PyObject_RichCompareBool(v, k_zero, Py_GT);
+        Py_DECREF(v);
+        if (acted < 0) goto out;
+        args[1] = F(O_STATE_HASH), args[2] = F(O_PROGRESS);
         args[3] = acted ? Py_True : Py_False;
         args[0] = loop;
         verdict = PyObject_VectorcallMethod(s_end_step, args, 1, end_step_kwnames);
-        if (verdict == NULL) return -1;
+        if (verdict == NULL) goto out;
     }
     args[0] = fc, args[1] = index, args[2] = tokens;
     rc = kernel(K_FORECAST, args, 3, &done);
     if (rc == 0) /* not the kernel's forecaster: its own method (the values are checked) */
         done = PyObject_CallMethodObjArgs(fc, s_observe, index, tokens, NULL);
-    if (rc < 0 || done == NULL) goto fail;
+    rc = -1;
+    if (done == NULL) goto out;
     Py_DECREF(done);
     slot_set(run, off_r[R_STEP_INPUT], k_zero);
-    slot_set(run, off_r[R_LAST_STEP_TOKENS], SLOT(run, off_r[R_STEP_TOKENS]));
+    if ((v = slot_get(run, off_r[R_STEP_TOKENS])) == NULL) goto out;
+    slot_put(run, off_r[R_LAST_STEP_TOKENS], v);
     slot_set(run, off_r[R_STEP_TOKENS], k_zero);
-    slot_set(run, off_r[R_LAST_STEP_COST], SLOT(run, off_r[R_STEP_COST]));
+    if ((v = slot_get(run, off_r[R_STEP_COST])) == NULL) goto out;
+    slot_put(run, off_r[R_LAST_STEP_COST], v);
     slot_set(run, off_r[R_STEP_COST], k_zero_f);
     slot_set(run, off_r[R_STEP_TOOLS], k_zero);
     slot_set(run, off_r[R_LAST_STEP], index);
-    if (touch(touched, run, entry, before_step, verdict, k_zero, k_zero) < 0) goto fail;
-    Py_DECREF(verdict);
-    return 1;
-fail:
-    Py_DECREF(verdict);
-    return -1;
+    if (touch(touched, run, entry, before_step, verdict, k_zero, k_zero) < 0) goto out;
+    rc = 1;
+out:
+    Py_XDECREF(verdict);
+    Py_DECREF(tokens), Py_DECREF(loop), Py_DECREF(fc), Py_DECREF(budget);
+    return rc;
 }
 
 /* A model span: 1 applied, 0 refused, -1 error. */
-static int model_span(PyObject *o, PyObject *run, PyObject *usage, PyObject *touched,
+static int model_span(fields *sp, PyObject *run, PyObject *usage, PyObject *touched,
                       PyObject **entry) {
-    PyObject *model = OBS(o, O_MODEL), *cost = OBS(o, O_COST), *in = OBS(o, O_IN);
-    PyObject *out = OBS(o, O_OUT), *seq = NULL, *total, *args[7];
+    PyObject *model = F(O_MODEL), *cost = F(O_COST), *in = F(O_IN), *budget;
+    PyObject *out = F(O_OUT), *seq = NULL, *total, *args[7];
     int rc, has_model;
-    if (truthy(OBS(o, O_FOREIGN)) || truthy(OBS(o, O_RESP_ID)) ||
-        SLOT(run, off_r[R_SEEN]) != Py_None)
-        return 0; /* a possible repeat: SeenCalls is the Python loop's */
+    if ((rc = truthy(F(O_FOREIGN))) != 0 || (rc = truthy(F(O_RESP_ID))) != 0)
+        return rc < 0 ? -1 : 0; /* a possible repeat: SeenCalls is the Python loop's */
+    if (SLOT(run, off_r[R_SEEN]) != Py_None) return 0;
     has_model = PyObject_IsTrue(model);
     if (has_model < 0) return -1;
     if (cost == Py_None && has_model) return 0; /* priced by the policy's price book */
@@ -311,9 +374,11 @@ static int model_span(PyObject *o, PyObject *run, PyObject *usage, PyObject *tou
         !SLOT(run, off_r[R_STEP_TOKENS]) || !SLOT(run, off_r[R_TOKENS_USED]) ||
         !SLOT(run, off_r[R_STEP_COST]) || !SLOT(run, off_r[R_COST_USED]))
         return 0;
-    args[0] = SLOT(run, off_r[R_BUDGET]), args[1] = usage, args[2] = in, args[3] = out;
-    args[4] = OBS(o, O_REASONING), args[5] = OBS(o, O_CACHED), args[6] = cost;
+    budget = Py_NewRef(SLOT(run, off_r[R_BUDGET]));
+    args[0] = budget, args[1] = usage, args[2] = in, args[3] = out;
+    args[4] = F(O_REASONING), args[5] = F(O_CACHED), args[6] = cost;
     rc = kernel(K_BUDGET_MODEL_CALL, args, 7, &seq);
+    Py_DECREF(budget);
     if (rc <= 0) return rc;
     Py_DECREF(seq);
     total = PyNumber_Add(in, out);
@@ -333,11 +398,16 @@ static int model_span(PyObject *o, PyObject *run, PyObject *usage, PyObject *tou
 #include "_apply_end.h" /* flush() and conclude(): the request's end */
 
 /* apply(observations, start, touched, spent, runs, scope) -> the index of the first span
- * not applied (len(observations) when all were). */
+ * not applied (len(observations) when all were).
+ * Every object read here is held (a new reference) across the calls that can run Python
+ * code: the observation and its fields, the run, its Touched entry and its tenant's Usage
+ * (the dicts hold them too, unless a callback changes the dicts). */
 static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *obs, *touched, *spent, *runs, *scope;
-    PyObject *cur = NULL, *last_id = NULL, *usage = NULL, *entry = NULL;
-    Py_ssize_t i, n;
+    PyObject *cur = NULL, *last_id = NULL, *usage = NULL, *entry = NULL, *res = NULL;
+    fields sp;
+    Py_ssize_t i;
+    int j;
     if (nargs != 6 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[2]) ||
         !PyDict_CheckExact(args[3]) || !PyDict_CheckExact(args[4])) {
         PyErr_SetString(PyExc_TypeError, "apply(list, start, dict, dict, dict, scope)");
@@ -348,29 +418,41 @@ static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     obs = args[0], touched = args[2], spent = args[3], runs = args[4], scope = args[5];
+    if (!PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "apply(): start must be an int");
+        return NULL;
+    }
     i = PyLong_AsSsize_t(args[1]);
     if (i < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "apply(): start < 0");
         return NULL;
     }
-    n = PyList_GET_SIZE(obs);
-    for (; i < n; i++) {
-        PyObject *o = PyList_GET_ITEM(obs, i), *rid, *run, *kind;
+    for (j = 0; j < NO; j++) sp.f[j] = NULL;
+    for (;; i++) {
+        PyObject *o, *rid, *run, *kind;
         long k;
-        int rc;
-        if (!PyList_Check(o) || PyList_GET_SIZE(o) < nslots) break;
-        rid = OBS(o, O_RUN_ID);
+        int rc, over;
+        fields_clear(&sp);
+        if ((o = item_ref(obs, i)) == NULL) break; /* the end (the list may have shrunk) */
+        if (!PyList_Check(o) || PyList_GET_SIZE(o) < nslots) {
+            Py_DECREF(o);
+            break;
+        }
+        for (j = 0; j < NO; j++)
+            if ((sp.f[j] = item_ref(o, obs_slot[j])) == NULL) sp.f[j] = Py_NewRef(Py_None);
+        Py_DECREF(o);
+        rid = sp.f[O_RUN_ID];
         if (!PyUnicode_CheckExact(rid) || PyUnicode_GET_LENGTH(rid) == 0) break;
         if (rid == last_id || (last_id != NULL && PyUnicode_Compare(rid, last_id) == 0)) {
             run = cur;
         } else {
-            run = PyDict_GetItemWithError(runs, rid);
+            run = PyDict_GetItemWithError(runs, rid); /* exact str: no code runs */
             if (run == NULL) {
-                if (PyErr_Occurred()) return NULL;
+                if (PyErr_Occurred()) goto error;
                 break;
             }
             if (run != cur) {
-                PyObject *tenant;
+                PyObject *tenant, *u, *e;
                 if (!Py_IS_TYPE(run, run_type)) break;
                 tenant = SLOT(run, off_r[R_TENANT]);
                 if (tenant == NULL || !PyUnicode_CheckExact(tenant)) break;
@@ -378,41 +460,67 @@ static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t narg
                                          PyUnicode_Compare(tenant, scope) != 0))
                     break; /* another tenant's run: the Python loop answers it */
                 if (SLOT(run, off_r[R_SEQ_GATE]) != Py_None) break;
-                usage = PyDict_GetItemWithError(spent, tenant);
-                if (usage == NULL) {
-                    if (PyErr_Occurred()) return NULL;
-                    usage = PyObject_CallNoArgs((PyObject *)usage_type);
-                    if (usage == NULL) return NULL;
-                    rc = PyDict_SetItem(spent, tenant, usage);
-                    Py_DECREF(usage); /* the dict holds it */
-                    if (rc < 0) return NULL;
+                Py_INCREF(run), Py_INCREF(tenant);
+                u = PyDict_GetItemWithError(spent, tenant);
+                if (u == NULL) {
+                    if (PyErr_Occurred() ||
+                        (u = PyObject_CallNoArgs((PyObject *)usage_type)) == NULL ||
+                        PyDict_SetItem(spent, tenant, u) < 0) {
+                        Py_XDECREF(u);
+                        Py_DECREF(run), Py_DECREF(tenant);
+                        goto error;
+                    }
+                } else {
+                    Py_INCREF(u);
                 }
-                if (!Py_IS_TYPE(usage, usage_type)) break;
-                entry = PyDict_GetItemWithError(touched, run);
-                if (entry == NULL && PyErr_Occurred()) return NULL;
-                if (entry != NULL && !Py_IS_TYPE(entry, touched_type)) break;
-                cur = run;
+                Py_DECREF(tenant);
+                if (!Py_IS_TYPE(u, usage_type)) {
+                    Py_DECREF(u), Py_DECREF(run);
+                    break;
+                }
+                e = PyDict_GetItemWithError(touched, run); /* (RunState: identity hash) */
+                if (e == NULL && PyErr_Occurred()) {
+                    Py_DECREF(u), Py_DECREF(run);
+                    goto error;
+                }
+                if (e != NULL && !Py_IS_TYPE(e, touched_type)) {
+                    Py_DECREF(u), Py_DECREF(run);
+                    break;
+                }
+                Py_XSETREF(entry, Py_XNewRef(e));
+                Py_XSETREF(usage, u);
+                Py_XSETREF(cur, run);
             }
-            last_id = rid;
+            Py_XSETREF(last_id, Py_NewRef(rid));
         }
-        kind = OBS(o, O_KIND);
-        k = PyLong_CheckExact(kind) ? PyLong_AsLong(kind) : -1;
-        if (k == kind_tool) rc = tool_span(o, run, touched, &entry);
-        else if (k == kind_step) rc = step_span(o, run, usage, touched, &entry);
-        else if (k == kind_model) rc = model_span(o, run, usage, touched, &entry);
+        run = cur;
+        kind = sp.f[O_KIND];
+        k = PyLong_CheckExact(kind) ? PyLong_AsLongAndOverflow(kind, &over) : -1;
+        if (PyLong_CheckExact(kind) && over) k = -1; /* (no kind is that large) */
+        if (k == -1) rc = 0;
+        else if (k == kind_tool) rc = tool_span(&sp, run, touched, &entry);
+        else if (k == kind_step) rc = step_span(&sp, run, usage, touched, &entry);
+        else if (k == kind_model) rc = model_span(&sp, run, usage, touched, &entry);
         else if (k == kind_run && SLOT(run, off_r[R_SESSION]) != NULL &&
                  SLOT(run, off_r[R_SESSION]) != Py_None &&
                  SLOT(run, off_r[R_DETACHED_AT]) == Py_None) {
             /* the run span of a run whose agent's stream is up: its RunEnded is the record,
              * so the span only completes the budgets (_ingest._run_span) */
-            if (flush(touched, spent) < 0) return NULL;
-            cur = last_id = NULL;
+            if (flush(touched, spent) < 0) goto error;
+            Py_CLEAR(cur);
+            Py_CLEAR(last_id);
+            Py_CLEAR(entry);
+            Py_CLEAR(usage);
             continue;
         } else rc = 0;
-        if (rc < 0) return NULL;
+        if (rc < 0) goto error;
         if (rc == 0) break;
     }
-    return PyLong_FromSsize_t(i);
+    res = PyLong_FromSsize_t(i);
+error:
+    fields_clear(&sp);
+    Py_XDECREF(cur), Py_XDECREF(last_id), Py_XDECREF(usage), Py_XDECREF(entry);
+    return res;
 }
 
 static PyMethodDef methods[] = {
@@ -426,14 +534,28 @@ static PyMethodDef methods[] = {
      "apply(observations, start, touched, spent, runs, scope) -> first index not applied"},
     {NULL, NULL, 0, NULL}};
 
+
+/* Multi-phase initialisation (PEP 489). The configuration (configure(), called once by
+ * guard/server/_nativeapply.py) is process-wide, so the module is one per process: not loaded
+ * into subinterpreters, and it keeps the GIL (3.13 free threading). */
+static PyModuleDef_Slot module_slots[] = {
+
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL}};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
                                     "_applynative",
                                     "The native span applier of guard.server._ingest.",
-                                    -1,
+                                    0,
                                     methods,
-                                    NULL,
+                                    module_slots,
                                     NULL,
                                     NULL,
                                     NULL};
 
-PyMODINIT_FUNC PyInit__applynative(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__applynative(void) { return PyModuleDef_Init(&module); }

@@ -3,9 +3,9 @@ types and the policy's record kernels (:mod:`guard.policy._kernels`).
 
 :func:`applier` returns the C functions: ``apply(observations, start, touched, spent, runs,
 scope)`` applies spans from ``start`` exactly as the Python loop of
-:class:`~guard.server._ingest.SpanApplier` does and returns the index of the first span it
+:class:`~guard.server.applier._applier.SpanApplier` does and returns the index of the first span it
 does not answer for (see the C file's header); ``flush(touched, spent)`` is
-:func:`~guard.server._spanhost.flush`; ``conclude(touched, now, decide)`` sets each touched
+:func:`~guard.server.applier._host.flush`; ``conclude(touched, now, decide)`` sets each touched
 run's ``touched_at`` and calls ``decide(run, entry)`` (``SpanApplier._decide``) for the runs,
 in order, for which it would do anything. ``None`` when the extension is not built or the
 policy's native paths are off (``OTEL_GUARD_PURE_PYTHON=1``: the Python loop alone).
@@ -14,14 +14,15 @@ policy's native paths are off (``OTEL_GUARD_PURE_PYTHON=1``: the Python loop alo
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from guard.policy import Phase, Usage
 from guard.policy._kernels import CONTINUE_VERDICT, record_kernels
-from guard.server import _schema as s
-from guard.server._decisions import FORECAST_HORIZON_STEPS
-from guard.server._spanhost import Touched
-from guard.server._state import RunState
+from guard.server.applier._host import Touched
+from guard.server.decisions._router import FORECAST_HORIZON_STEPS
+from guard.server.decode import _schema as s
+from guard.server.runs._state import RunState
 
 __all__ = ["NativeApplier", "applier", "available"]
 
@@ -32,6 +33,7 @@ class NativeApplier(NamedTuple):
     conclude: Callable[[dict[Any, Any], float, Callable[[Any, Any], None]], None]
 
 
+_NATIVE: ModuleType | None
 try:
     from guard.server import _applynative as _NATIVE
 except ImportError:  # pragma: no cover - installed without a C compiler

@@ -9,13 +9,15 @@ when ``OTEL_GUARD_PURE_PYTHON=1``).
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from guard import semconv as sc
-from guard.server import _schema as s
+from guard.server.decode import _schema as s
 
 __all__ = ["available", "decode", "set_enabled"]
 
+_NATIVE: ModuleType | None
 try:
     from guard.server import _otlpnative as _NATIVE
 except ImportError:  # pragma: no cover - installed without a C compiler
@@ -63,4 +65,5 @@ def decode(data: bytes, state: Any, max_spans: int) -> tuple[list[s.Observation]
     Returns (observations, spans read, the state to go on from, or None at the end), or None
     when the request is one the native path does not answer for.
     """
+    assert _NATIVE is not None  # the caller asked available() first
     return _NATIVE.decode(data, state, max_spans)

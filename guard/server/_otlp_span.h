@@ -156,8 +156,10 @@ static int attribute(const unsigned char *p, Py_ssize_t n, obs *o, int depth) {
         return -1;
     }
     obs_set(o, e->slot, out);
-    if (e->type != T_STR && e->type != T_HEX)
+    if (e->type != T_STR && e->type != T_HEX) {
         o->str[e->slot] = NULL; /* only string slots keep their bytes (classify reads them) */
+        o->strlen_[e->slot] = 0;
+    }
     o->known = 1;
     return 0;
 }
@@ -173,7 +175,7 @@ static inline int starts_with(const unsigned char *s, Py_ssize_t n, const char *
 }
 
 static int in_ops(const obs *o, char **ops, Py_ssize_t *lens, int count) {
-    if (o->slot[S_OP] == NULL)
+    if (o->slot[S_OP] == NULL || o->str[S_OP] == NULL)
         return 0;
     const unsigned char *s = o->str[S_OP];
     Py_ssize_t n = o->strlen_[S_OP];
@@ -184,7 +186,7 @@ static int in_ops(const obs *o, char **ops, Py_ssize_t *lens, int count) {
 }
 
 static inline int truthy_str(const obs *o, int slot) {
-    return o->slot[slot] != NULL && o->strlen_[slot] > 0;
+    return o->slot[slot] != NULL && o->str[slot] != NULL && o->strlen_[slot] > 0;
 }
 
 static PyObject *new_bytes(const unsigned char *s, Py_ssize_t n) {
@@ -195,7 +197,7 @@ static PyObject *new_bytes(const unsigned char *s, Py_ssize_t n) {
  * back (a span the reference rejects). */
 static int classify(obs *o, const unsigned char *name, Py_ssize_t name_len, int status_error) {
     int run = truthy_str(o, S_RUN_ID);
-    int has_op = o->slot[S_OP] != NULL;
+    int has_op = o->slot[S_OP] != NULL && o->str[S_OP] != NULL;
     const unsigned char *op = o->str[S_OP];
     Py_ssize_t op_len = o->strlen_[S_OP];
     int usage = o->slot[S_IN] != NULL || o->slot[S_OUT] != NULL;
@@ -220,6 +222,7 @@ static int classify(obs *o, const unsigned char *name, Py_ssize_t name_len, int 
             if (status_error && !truthy_str(o, S_ERROR)) {
                 Py_INCREF(str_error);
                 obs_set(o, S_ERROR, str_error);
+                o->str[S_ERROR] = (const unsigned char *)"error";
                 o->strlen_[S_ERROR] = 5;
             }
         } else if (usage || in_ops(o, model_ops, model_ops_len, n_model_ops)) {
@@ -245,6 +248,8 @@ static int classify(obs *o, const unsigned char *name, Py_ssize_t name_len, int 
         int slots[4] = {S_IN, S_OUT, S_CACHED, S_REASONING};
         for (int i = 0; i < 4; i++) {
             PyObject *v = o->slot[slots[i]];
+            if (v != NULL && !PyLong_CheckExact(v))
+                return -1; /* (a key table that gives a count slot another type) */
             /* "x or 0": None and 0 become 0 */
             if (v == NULL || PyLong_AsLongLong(v) == 0) {
                 Py_INCREF(int_zero);
@@ -385,32 +390,22 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
                 goto error;
             obs_set(&o, S_PARENT_SPAN_ID, v);
         }
-        /* an Observation (a list subclass) holding the slots: allocated empty, then given
-         * its item array directly (what list.__init__ would copy in) */
+        /* an Observation (a list subclass) holding the slots: allocated empty, given
+         * nslots Nones at once (from configure()'s tuple of them), then the set slots put in
+         * (PyList_SetItem steals them). Public API only: the list's own storage, which
+         * differs by version and under free threading, stays the list's business. */
         PyObject *item = ((PyTypeObject *)obs_type)->tp_alloc((PyTypeObject *)obs_type, 0);
-        if (item == NULL)
-            goto error;
-        PyObject **items = PyMem_New(PyObject *, nslots);
-        if (items == NULL) {
-            Py_DECREF(item);
-            PyErr_NoMemory();
-            goto error;
-        }
-        for (int i = 0; i < nslots; i++) {
+        int bad = item == NULL || PyList_SetSlice(item, 0, 0, nones) < 0;
+        for (int i = 0; i < nslots && !bad; i++) {
             PyObject *x = o.slot[i];
-            if (x == NULL) {
-                x = Py_None;
-                Py_INCREF(x);
-            }
-            items[i] = x;
+            if (x == NULL)
+                continue;
             o.slot[i] = NULL; /* the reference moves into the list */
+            bad = PyList_SetItem(item, i, x) < 0;
         }
-        ((PyListObject *)item)->ob_item = items;
-        ((PyListObject *)item)->allocated = nslots;
-        Py_SET_SIZE(item, nslots);
-        int bad = PyList_Append(out, item);
-        Py_DECREF(item);
-        if (bad < 0)
+        bad = bad || PyList_Append(out, item) < 0;
+        Py_XDECREF(item);
+        if (bad)
             goto error;
     }
     rc = 0;

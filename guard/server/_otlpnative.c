@@ -3,7 +3,7 @@
  * One pass over the wire bytes, no protobuf objects: the request is validated as the
  * generated classes would validate it (structure, strict UTF-8 of every string field) and the
  * span attributes the guard reads are turned into Observation lists, exactly as the reference
- * decoder (guard/server/_pydecode.py: decode_spans over the generated classes) turns them.
+ * decoder (guard/server/decode/_pydecode.py: decode_spans over the generated classes) turns them.
  *
  * Exactness by refusal: this path only answers for the canonical, well-formed case. Anything
  * else (an unknown field, a field with an unexpected wire type, a oneof or a value given
@@ -21,7 +21,7 @@
  * current ScopeSpans): the only nesting above a span.
  *
  * Configured once by configure(): the key table (key bytes -> (slot, type)), the slots, the
- * Observation class, the operation sets and the span names, all from guard/server/_schema.py
+ * Observation class, the operation sets and the span names, all from guard/server/decode/_schema.py
  * and guard/semconv.py, so the names and numbers live in one place.
  *
  * Parts (one translation unit): this file (configuration, the request walk, the module),
@@ -55,6 +55,7 @@ static PyObject *str_error = NULL; /* "error" */
 static PyObject *str_empty = NULL; /* "" */
 static PyObject *int_zero = NULL;
 static PyObject *last_trace = NULL; /* the last trace id returned (see span()) */
+static PyObject *nones = NULL;      /* a tuple of NSLOTS Nones: a new Observation's items */
 /* the span and operation names classify() reads (guard.semconv): the step span's name, the
  * run's and the tool's operation (also the head of their span names) */
 #define MAX_NAME 64
@@ -124,11 +125,21 @@ static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t size = buf.len, pos = 0, rs_end = 0, ss_end = 0;
     int level = L_REQUEST;
     if (args[1] != Py_None) {
+        /* a state decode() returned: (pos, level, rs_end, ss_end), every offset inside the
+         * data, the position inside the message of its level (pos <= ss_end <= rs_end) */
+        if (!PyTuple_Check(args[1])) {
+            PyBuffer_Release(&buf);
+            PyErr_SetString(PyExc_TypeError, "decode(): the state is a tuple decode() returned");
+            return NULL;
+        }
         if (!PyArg_ParseTuple(args[1], "ninn", &pos, &level, &rs_end, &ss_end)) {
             PyBuffer_Release(&buf);
             return NULL;
         }
-        if (pos < 0 || pos > size || rs_end > size || ss_end > size || level < 0 || level > 2) {
+        if (pos < 0 || pos > size || rs_end < 0 || rs_end > size || ss_end < 0 ||
+            ss_end > size || level < L_REQUEST || level > L_SCOPE ||
+            (level >= L_RESOURCE && pos > rs_end) ||
+            (level == L_SCOPE && (pos > ss_end || ss_end > rs_end))) {
             PyBuffer_Release(&buf);
             PyErr_SetString(PyExc_ValueError, "bad state");
             return NULL;
@@ -236,7 +247,19 @@ fallback:
 }
 
 /* ---- configure ------------------------------------------------------------------------- */
-static int copy_ops(PyObject *seq, char **ops, Py_ssize_t *lens, int *count) {
+typedef struct {
+    char *ops[MAX_OPS];
+    Py_ssize_t lens[MAX_OPS];
+    int count;
+} opset;
+
+static void opset_free(opset *o) {
+    for (int i = 0; i < o->count; i++)
+        PyMem_Free(o->ops[i]);
+    o->count = 0;
+}
+
+static int copy_ops(PyObject *seq, opset *out) {
     PyObject *fast = PySequence_Fast(seq, "operations must be a sequence of str");
     if (fast == NULL)
         return -1;
@@ -246,49 +269,64 @@ static int copy_ops(PyObject *seq, char **ops, Py_ssize_t *lens, int *count) {
         PyErr_SetString(PyExc_ValueError, "too many operations");
         return -1;
     }
-    for (int i = 0; i < *count; i++)
-        PyMem_Free(ops[i]);
-    *count = 0;
+    out->count = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t len;
-        const char *s = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(fast, i), &len);
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        const char *s = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &len) : NULL;
         if (s == NULL) {
-            Py_DECREF(fast);
-            return -1;
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "operations must be a sequence of str");
+            goto fail;
         }
-        ops[i] = PyMem_Malloc((size_t)len + 1);
-        if (ops[i] == NULL) {
-            Py_DECREF(fast);
+        out->ops[i] = PyMem_Malloc((size_t)len + 1);
+        if (out->ops[i] == NULL) {
             PyErr_NoMemory();
-            return -1;
+            goto fail;
         }
-        memcpy(ops[i], s, (size_t)len + 1);
-        lens[i] = len;
-        *count = (int)i + 1;
+        memcpy(out->ops[i], s, (size_t)len + 1);
+        out->lens[i] = len;
+        out->count = (int)i + 1;
     }
     Py_DECREF(fast);
     return 0;
+fail:
+    Py_DECREF(fast);
+    opset_free(out);
+    return -1;
 }
 
-static int get_int(PyObject *d, const char *name, int *out) {
+/* d[name] as an int in [lo, hi) */
+static int get_int(PyObject *d, const char *name, int lo, int hi, int *out) {
     PyObject *v = PyDict_GetItemString(d, name);
     if (v == NULL) {
         PyErr_Format(PyExc_KeyError, "configure: missing %s", name);
         return -1;
     }
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "configure: %s must be an int", name);
+        return -1;
+    }
     long x = PyLong_AsLong(v);
     if (x == -1 && PyErr_Occurred())
         return -1;
+    if (x < lo || x >= hi) {
+        PyErr_Format(PyExc_ValueError, "configure: %s out of range", name);
+        return -1;
+    }
     *out = (int)x;
     return 0;
 }
 
 static int copy_name(PyObject *v, char *dst) {
     Py_ssize_t len;
-    const char *s = PyUnicode_AsUTF8AndSize(v, &len);
-    if (s == NULL)
+    const char *s = PyUnicode_Check(v) ? PyUnicode_AsUTF8AndSize(v, &len) : NULL;
+    if (s == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "configure: a name must be a str");
         return -1;
-    if (len == 0 || len >= MAX_NAME) {
+    }
+    if (len == 0 || len >= MAX_NAME || strlen(s) != (size_t)len) {
         PyErr_SetString(PyExc_ValueError, "configure: a name must have 1..63 bytes");
         return -1;
     }
@@ -296,109 +334,171 @@ static int copy_name(PyObject *v, char *dst) {
     return 0;
 }
 
+static void table_free(entry *t) {
+    for (int i = 0; i < TABLE_SIZE; i++) {
+        PyMem_Free((void *)t[i].key);
+        t[i].key = NULL;
+    }
+}
+
 /* configure(keys, slots, observation, model_ops, aggregate_ops, bounds, unique, names)
  *   keys: {str: (slot, type)}; slots: {name: index} incl. "NSLOTS" and the KIND_* values;
  *   bounds: (max_counter, max_id_chars, max_cost); unique: slots of per-call strings;
- *   names: (step span name, run operation, tool operation) */
+ *   names: (step span name, run operation, tool operation)
+ * All or nothing: everything is read and checked (every slot index inside NSLOTS) into
+ * locals, and only then does the configuration change. */
 static PyObject *sp_configure(PyObject *self, PyObject *args) {
     PyObject *keys, *slots, *cls, *mops, *aops, *unique, *n_step, *n_run, *n_tool;
     long long mc;
     Py_ssize_t mid;
     double mcost;
+    char step_l[MAX_NAME], run_l[MAX_NAME], tool_l[MAX_NAME];
     if (!PyArg_ParseTuple(args, "O!O!OOO(Lnd)O(OOO)", &PyDict_Type, &keys, &PyDict_Type, &slots,
                           &cls, &mops, &aops, &mc, &mid, &mcost, &unique, &n_step, &n_run,
                           &n_tool))
         return NULL;
-    if (copy_name(n_step, step_span) < 0 || copy_name(n_run, invoke_agent) < 0 ||
-        copy_name(n_tool, execute_tool) < 0)
+    if (copy_name(n_step, step_l) < 0 || copy_name(n_run, run_l) < 0 ||
+        copy_name(n_tool, tool_l) < 0)
         return NULL;
-    snprintf(tool_head, sizeof(tool_head), "%s ", execute_tool);
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyList_Type)) {
         PyErr_SetString(PyExc_TypeError, "configure: the observation class must subclass list");
         return NULL;
     }
-    struct {
-        const char *name;
-        int *dst;
-    } names[] = {{"RUN_ID", &S_RUN_ID},       {"OP", &S_OP},
-                 {"MODEL", &S_MODEL},         {"RESP_MODEL", &S_RESP_MODEL},
-                 {"IN", &S_IN},               {"OUT", &S_OUT},
-                 {"CACHED", &S_CACHED},       {"REASONING", &S_REASONING},
-                 {"TOOL_NAME", &S_TOOL_NAME}, {"ERROR", &S_ERROR},
-                 {"KIND", &S_KIND},           {"FOREIGN", &S_FOREIGN},
-                 {"TRACE_ID", &S_TRACE_ID},   {"SPAN_ID", &S_SPAN_ID},
-                 {"PARENT_SPAN_ID", &S_PARENT_SPAN_ID}, {"NSLOTS", &nslots},
-                 {"KIND_RUN", &K_RUN},        {"KIND_STEP", &K_STEP},
-                 {"KIND_MODEL", &K_MODEL},    {"KIND_TOOL", &K_TOOL}};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (get_int(slots, names[i].name, names[i].dst) < 0)
-            return NULL;
-    if (nslots <= 0 || nslots > MAX_SLOTS) {
-        PyErr_SetString(PyExc_ValueError, "configure: NSLOTS out of range");
+    if (mc < 0 || mid < 0 || !(mcost >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "configure: bounds must be >= 0");
         return NULL;
     }
-    int kinds[4] = {K_RUN, K_STEP, K_MODEL, K_TOOL};
+    int n_slots, v_slot[15], v_kind[4];
+    static const char *const slot_names[15] = {
+        "RUN_ID", "OP", "MODEL", "RESP_MODEL", "IN", "OUT", "CACHED", "REASONING",
+        "TOOL_NAME", "ERROR", "KIND", "FOREIGN", "TRACE_ID", "SPAN_ID", "PARENT_SPAN_ID"};
+    static const char *const kind_names[4] = {"KIND_RUN", "KIND_STEP", "KIND_MODEL", "KIND_TOOL"};
+    if (get_int(slots, "NSLOTS", 1, MAX_SLOTS + 1, &n_slots) < 0)
+        return NULL;
+    for (int i = 0; i < 15; i++)
+        if (get_int(slots, slot_names[i], 0, n_slots, &v_slot[i]) < 0)
+            return NULL;
     for (int i = 0; i < 4; i++)
-        if (kinds[i] < 1 || kinds[i] > 4) {
-            PyErr_SetString(PyExc_ValueError, "configure: KIND_* must be 1..4");
+        if (get_int(slots, kind_names[i], 1, 5, &v_kind[i]) < 0)
             return NULL;
-        }
-    for (int i = 0; i < TABLE_SIZE; i++) {
-        PyMem_Free((void *)table[i].key);
-        table[i].key = NULL;
-    }
-    PyObject *k, *v;
-    Py_ssize_t it = 0, count = 0;
-    while (PyDict_Next(keys, &it, &k, &v)) {
-        Py_ssize_t len;
-        int slot, type;
-        const char *s = PyUnicode_AsUTF8AndSize(k, &len);
-        if (s == NULL || !PyArg_ParseTuple(v, "ii", &slot, &type))
-            return NULL;
-        if (slot < 0 || slot >= nslots || type < 0 || type > 4 || ++count > TABLE_SIZE / 4) {
-            PyErr_SetString(PyExc_ValueError, "configure: bad key table");
-            return NULL;
-        }
-        char *copy = PyMem_Malloc((size_t)len + 1);
-        if (copy == NULL)
-            return PyErr_NoMemory();
-        memcpy(copy, s, (size_t)len + 1);
-        uint32_t i = hash_bytes(s, len) & (TABLE_SIZE - 1);
-        while (table[i].key != NULL)
-            i = (i + 1) & (TABLE_SIZE - 1);
-        table[i] = (entry){copy, len, slot, type};
-    }
-    if (copy_ops(mops, model_ops, model_ops_len, &n_model_ops) < 0 ||
-        copy_ops(aops, aggregate_ops, aggregate_ops_len, &n_aggregate_ops) < 0)
-        return NULL;
-    memset(unique_slot, 0, sizeof(unique_slot));
+    unsigned char uniq[MAX_SLOTS];
+    memset(uniq, 0, sizeof(uniq));
     PyObject *fast = PySequence_Fast(unique, "unique must be a sequence of slots");
     if (fast == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        long u = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (u < 0 || u >= nslots) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        long u = PyLong_Check(item) ? PyLong_AsLong(item) : -1;
+        if (u < 0 || u >= n_slots) {
             Py_DECREF(fast);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "configure: unique slot out of range");
             return NULL;
         }
-        unique_slot[u] = 1;
+        uniq[u] = 1;
     }
     Py_DECREF(fast);
+    entry *tab = PyMem_Calloc(TABLE_SIZE, sizeof(entry));
+    if (tab == NULL)
+        return PyErr_NoMemory();
+    opset mo = {{0}}, ao = {{0}};
+    Py_ssize_t count = 0;
+    /* a snapshot of the pairs (the ints' __index__ below may run code that changes `keys`) */
+    PyObject *pairs = PyDict_Items(keys);
+    if (pairs == NULL)
+        goto fail;
+    for (Py_ssize_t it = 0; it < PyList_GET_SIZE(pairs); it++) {
+        PyObject *k = PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, it), 0);
+        PyObject *v = PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, it), 1);
+        Py_ssize_t len;
+        int slot, type;
+        const char *s = NULL;
+        /* the value first: its ints' __index__ may run Python code; the key's bytes after */
+        if (!PyTuple_Check(v) || !PyArg_ParseTuple(v, "ii", &slot, &type) ||
+            !PyUnicode_Check(k) || (s = PyUnicode_AsUTF8AndSize(k, &len)) == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "configure: keys are {str: (slot, type)}");
+            goto fail;
+        }
+        if (slot < 0 || slot >= n_slots || type < 0 || type > 4 || ++count > TABLE_SIZE / 4) {
+            PyErr_SetString(PyExc_ValueError, "configure: bad key table");
+            goto fail;
+        }
+        uint32_t i = hash_bytes(s, len) & (TABLE_SIZE - 1);
+        while (tab[i].key != NULL) {
+            if (tab[i].len == len && memcmp(tab[i].key, s, (size_t)len) == 0)
+                break; /* (a str subclass key equal to another's bytes: the last counts) */
+            i = (i + 1) & (TABLE_SIZE - 1);
+        }
+        char *copy = PyMem_Malloc((size_t)len + 1);
+        if (copy == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        memcpy(copy, s, (size_t)len + 1);
+        PyMem_Free((void *)tab[i].key);
+        tab[i] = (entry){copy, len, slot, type};
+    }
+    Py_CLEAR(pairs);
+    if (copy_ops(mops, &mo) < 0 || copy_ops(aops, &ao) < 0)
+        goto fail;
+    PyObject *kinds[5] = {NULL};
+    PyObject *none_row = PyTuple_New(n_slots);
+    if (none_row == NULL)
+        goto fail;
+    for (int i = 0; i < n_slots; i++)
+        PyTuple_SET_ITEM(none_row, i, Py_NewRef(Py_None));
+    for (int i = 1; i <= 4; i++)
+        if ((kinds[i] = PyLong_FromLong(i)) == NULL) {
+            for (int j = 1; j < i; j++)
+                Py_DECREF(kinds[j]);
+            Py_DECREF(none_row);
+            goto fail;
+        }
+    /* commit */
+    table_free(table);
+    memcpy(table, tab, sizeof(entry) * TABLE_SIZE);
+    PyMem_Free(tab);
+    for (int i = 0; i < n_model_ops; i++)
+        PyMem_Free(model_ops[i]);
+    for (int i = 0; i < n_aggregate_ops; i++)
+        PyMem_Free(aggregate_ops[i]);
+    memcpy(model_ops, mo.ops, sizeof(mo.ops));
+    memcpy(model_ops_len, mo.lens, sizeof(mo.lens));
+    n_model_ops = mo.count;
+    memcpy(aggregate_ops, ao.ops, sizeof(ao.ops));
+    memcpy(aggregate_ops_len, ao.lens, sizeof(ao.lens));
+    n_aggregate_ops = ao.count;
+    memcpy(step_span, step_l, sizeof(step_l));
+    memcpy(invoke_agent, run_l, sizeof(run_l));
+    memcpy(execute_tool, tool_l, sizeof(tool_l));
+    snprintf(tool_head, sizeof(tool_head), "%s ", execute_tool);
+    nslots = n_slots;
+    int *dst[15] = {&S_RUN_ID, &S_OP, &S_MODEL, &S_RESP_MODEL, &S_IN, &S_OUT, &S_CACHED,
+                    &S_REASONING, &S_TOOL_NAME, &S_ERROR, &S_KIND, &S_FOREIGN, &S_TRACE_ID,
+                    &S_SPAN_ID, &S_PARENT_SPAN_ID};
+    for (int i = 0; i < 15; i++)
+        *dst[i] = v_slot[i];
+    K_RUN = v_kind[0], K_STEP = v_kind[1], K_MODEL = v_kind[2], K_TOOL = v_kind[3];
+    memcpy(unique_slot, uniq, sizeof(uniq));
     for (int i = 0; i < CACHE_SIZE; i++)
         Py_CLEAR(cache[i].value);
-    for (int i = 1; i <= 4; i++) {
-        Py_XSETREF(kind_obj[i], PyLong_FromLong(i));
-        if (kind_obj[i] == NULL)
-            return NULL;
-    }
+    for (int i = 1; i <= 4; i++)
+        Py_XSETREF(kind_obj[i], kinds[i]);
+    Py_XSETREF(nones, none_row);
     Py_INCREF(cls);
     Py_XSETREF(obs_type, cls);
     max_counter = mc;
     max_id_chars = mid;
     max_cost = mcost;
     Py_RETURN_NONE;
+fail:
+    Py_XDECREF(pairs);
+    table_free(tab);
+    PyMem_Free(tab);
+    opset_free(&mo);
+    opset_free(&ao);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -409,15 +509,36 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int module_exec(PyObject *m) {
+    (void)m;
+    if (str_error == NULL) {
+        str_error = PyUnicode_InternFromString("error");
+        str_empty = PyUnicode_InternFromString("");
+        int_zero = PyLong_FromLong(0);
+        if (str_error == NULL || str_empty == NULL || int_zero == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+/* Multi-phase initialisation (PEP 489). The configuration, the string cache and the last trace
+ * id are process-wide (configure() is called once, by guard/server/_nativedecode.py), so the
+ * module is one per process: not loaded into subinterpreters, and it keeps the GIL (3.13
+ * free threading: the string cache is shared by every call). */
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
+    {0, NULL}};
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlpnative",
-                                    "Native OTLP span decode (see _nativedecode.py).", -1,
-                                    methods};
+                                    "Native OTLP span decode (see _nativedecode.py).", 0,
+                                    methods, module_slots, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__otlpnative(void) {
-    str_error = PyUnicode_InternFromString("error");
-    str_empty = PyUnicode_InternFromString("");
-    int_zero = PyLong_FromLong(0);
-    if (str_error == NULL || str_empty == NULL || int_zero == NULL)
-        return NULL;
-    return PyModule_Create(&module);
+    return PyModuleDef_Init(&module);
 }

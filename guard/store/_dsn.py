@@ -74,7 +74,7 @@ def parse_dsn(dsn: str | None, *, data_dir: Path) -> Dsn:
     if not url.hostname:
         raise ConfigError(f"store DSN {scheme}://… has no host")
     params = {k: v[0] for k, v in parse_qs(url.query).items()}
-    database = params.pop("database", None) or url.path.strip("/") or DEFAULT_DATABASE
+    database = params.pop("database", "") or url.path.strip("/") or DEFAULT_DATABASE
     try:
         port = url.port or (8443 if scheme == "https" else 8123)
     except ValueError as ex:

@@ -42,7 +42,8 @@ def _where(
 ) -> tuple[str, dict]:
     # stop_reasons_1m is per minute: both ends round down to the minute, so adjacent windows
     # [a, b) and [b, c) partition the runs exactly.
-    conds, params = [], {}
+    conds: list[str] = []
+    params: dict[str, object] = {}
     if since is not None:
         conds.append("minute >= toStartOfMinute(toDateTime({since:Float64}, 'UTC'))")
         params["since"] = float(since)

@@ -21,7 +21,7 @@ import json
 import math
 import operator
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guard.policy._types import DecidedBy, Outcome, Reason, Status
 from guard.store._records import DecisionRecord
@@ -195,11 +195,21 @@ def _py_line(fields: tuple[Any, ...]) -> str | None:
     )
 
 
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Protocol
+
+    class _Native(Protocol):  # the module _rowsnative.pyi describes
+        def line(self, fields: tuple[Any, ...], /) -> str | None: ...
+        def configure(self, *name_types: type) -> None: ...
+
+
+_NATIVE: _Native | None
 try:
     from guard.store import _rowsnative as _NATIVE
 except ImportError:  # pragma: no cover - installed without a C compiler
     _NATIVE = None
 else:
+    assert _NATIVE is not None  # (imported)
     _NATIVE.configure(Status, Reason, DecidedBy)
 
 _line = _py_line if _NATIVE is None else _NATIVE.line

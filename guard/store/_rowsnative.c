@@ -26,14 +26,24 @@
  * I int in [0, 2**32); C None or a finite float (repr); B bool. */
 static const char SPEC[NFIELDS + 1] = "SOSSNNSTTUDIIIIUUUUCOOIBBSNS";
 
-static PyTypeObject *name_types[3];
+/* The module's state (multi-phase init, PEP 489): the three name enums configure() set. */
+typedef struct {
+    PyTypeObject *name_types[3];
+} rows_state;
+
+static inline rows_state *
+state_of(PyObject *module)
+{
+    return (rows_state *)PyModule_GetState(module);
+}
 
 static int
-is_name(PyObject *v)
+is_name(rows_state *st, PyObject *v)
 {
     PyTypeObject *t = Py_TYPE(v);
-    return t == &PyUnicode_Type || (t != NULL && (t == name_types[0] || t == name_types[1] ||
-                                                   t == name_types[2]));
+    return t == &PyUnicode_Type ||
+           (t != NULL && (t == st->name_types[0] || t == st->name_types[1] ||
+                          t == st->name_types[2]));
 }
 
 /* The worst-case JSON text of a string: 12 chars a code point (a surrogate pair escape). */
@@ -180,8 +190,9 @@ as_u(PyObject *v, unsigned long long top, unsigned long long *out)
 }
 
 static PyObject *
-line(PyObject *Py_UNUSED(module), PyObject *fields)
+line(PyObject *module, PyObject *fields)
 {
+    rows_state *st = state_of(module);
     if (!PyTuple_CheckExact(fields) || PyTuple_GET_SIZE(fields) != NFIELDS) {
         PyErr_SetString(PyExc_TypeError, "line() takes the tuple of the 28 runs fields");
         return NULL;
@@ -198,7 +209,7 @@ line(PyObject *Py_UNUSED(module), PyObject *fields)
             /* fall through */
         case 'S':
         case 'N':
-            if (SPEC[i] == 'N' ? !is_name(v) : !PyUnicode_CheckExact(v))
+            if (SPEC[i] == 'N' ? !is_name(st, v) : !PyUnicode_CheckExact(v))
                 Py_RETURN_NONE;
             if (add_str_bound(v, &bound) < 0)
                 goto refuse;
@@ -291,8 +302,9 @@ refuse: /* a string too long to bound, or not ready: the reference decides */
 }
 
 static PyObject *
-configure(PyObject *Py_UNUSED(module), PyObject *args)
+configure(PyObject *module, PyObject *args)
 {
+    rows_state *st = state_of(module);
     PyObject *a, *b, *c;
     if (!PyArg_ParseTuple(args, "O!O!O!:configure", &PyType_Type, &a, &PyType_Type, &b,
                           &PyType_Type, &c))
@@ -306,7 +318,7 @@ configure(PyObject *Py_UNUSED(module), PyObject *args)
     }
     for (int i = 0; i < 3; i++) {
         Py_INCREF(types[i]);
-        Py_XSETREF(name_types[i], (PyTypeObject *)types[i]);
+        Py_XSETREF(st->name_types[i], (PyTypeObject *)types[i]);
     }
     Py_RETURN_NONE;
 }
@@ -319,14 +331,51 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int
+rows_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    rows_state *st = state_of(m);
+    for (int i = 0; i < 3; i++)
+        Py_VISIT(st->name_types[i]);
+    return 0;
+}
+
+static int
+rows_clear(PyObject *m)
+{
+    rows_state *st = state_of(m);
+    for (int i = 0; i < 3; i++)
+        Py_CLEAR(st->name_types[i]);
+    return 0;
+}
+
+static void
+rows_free(void *m)
+{
+    rows_clear((PyObject *)m);
+}
+
+/* Multi-phase initialisation (PEP 489): all state is the module's (rows_state), so the
+ * module is per interpreter and needs no GIL of its own (line() reads only its tuple and the
+ * configured types; configure() is called once, at import of guard/store/_rows.py). */
+static PyModuleDef_Slot module_slots[] = {
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "guard.store._rowsnative",
-    "The native WAL line of one runs row (see guard/store/_rows.py).", -1, methods,
-    NULL, NULL, NULL, NULL,
+    "The native WAL line of one runs row (see guard/store/_rows.py).", sizeof(rows_state),
+    methods, module_slots, rows_traverse, rows_clear, rows_free,
 };
 
 PyMODINIT_FUNC
 PyInit__rowsnative(void)
 {
-    return PyModule_Create(&module);
+    return PyModuleDef_Init(&module);
 }

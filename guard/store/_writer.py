@@ -176,7 +176,7 @@ class Writer(threading.Thread):
                 part = items if len(kinds) == 1 else [it for it in items if it[1] == kind]
                 _, _, rows, keys = (list(col) for col in zip(*part, strict=True))
                 token = f"{self._epoch}-{kind}-{lo}-{hi}"
-                batch = (kind, token, rows, [], False)
+                batch: tuple[str, str, list[str], list[str], bool] = (kind, token, rows, [], False)
                 batches.append(self._runs_batch(token, rows, keys) if kind == "r" else batch)
         try:
             with self._lock:

@@ -17,6 +17,7 @@ from _llm_server import LLMServer, text
 import guard
 from guard.integrations._estimate import prompt_tokens, request_prompt
 from guard.policy import ModelPrice, PriceBook
+from guard.sdk._run import current_run_or_none
 from guard.testing import SpanSink, capture_spans
 
 GPT, CLAUDE = "gpt-4.1", "claude-sonnet-4-5"
@@ -85,7 +86,7 @@ def test_a_call_whose_whole_estimate_cannot_be_covered_never_leaves(
 
     @guard.run(agent="estimating", max_cost_usd=MAX_COST_USD, max_steps=100)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         while True:
             _call(llm, api, kw)
             r = run.budget.reserved()  # each estimate settled by its call: nothing left held
@@ -115,7 +116,7 @@ def test_an_async_call_without_max_tokens_reserves_its_prompt_and_the_runs_repli
 
     @guard.run(agent="estimating-async", max_cost_usd=10.0)
     async def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         for _ in range(2):
             gate = llm.hold()  # the server holds the request: the reservation is in flight
             with gate.held():

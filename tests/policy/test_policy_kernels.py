@@ -284,6 +284,14 @@ LIMIT = st.one_of(st.none(), st.integers(0, 50))
     st.integers(0, 3),
 )
 def test_budget_quiet_is_never_wrong(limits: dict[str, Any], ops: list[Any], rank: int) -> None:
+    check_budget_quiet(limits, ops, rank)
+
+
+def check_budget_quiet(limits: dict[str, Any], ops: list[Any], rank: int) -> None:
+    """The differential comparison of the trigger check: after each op, a budget the kernel
+    calls quiet gets no escalation from the method, in any phase; and with the budget's
+    trigger points current for ``rank``, the kernel's check (``quiet_of`` in _kernels.h)
+    answers as ``Escalations._quiet_locked`` does. Raises ``AssertionError`` where not."""
     from guard.policy import Action, Phase
 
     above = list(Action)[rank]
@@ -308,6 +316,16 @@ def test_budget_quiet_is_never_wrong(limits: dict[str, Any], ops: list[Any], ran
         for phase in Phase:
             if quiet:
                 assert b.escalation(phase=phase, above=above) is None
+        # The check itself, both ways: the one above holds the kernel to decide(), which a
+        # method that fires early (or late, short of decide()) would still pass.
+        with b._lock:
+            method = b._quiet_locked(rank)
+        fresh = b._trig.limits is b._limits and b._trig.rank == rank
+        kernel = KERNELS.budget_quiet(b, rank)
+        if fresh:
+            assert (kernel is True) == method, (op, kernel, method)
+        else:  # other trigger points (rank 3 has none): the kernel leaves it to the method
+            assert kernel is None, (op, kernel)
 
 
 def test_budget_quiet_answers_for_a_budget_far_from_its_limits() -> None:
@@ -322,3 +340,23 @@ def test_budget_quiet_answers_for_a_budget_far_from_its_limits() -> None:
     assert KERNELS.budget_quiet(b, 1) is True
     b.set_limits(Limits(max_steps=1))
     assert KERNELS.budget_quiet(b, 1) is None  # other limits
+
+
+# -- mutation check: the comparison above fails on a deliberately changed rule ----------------
+def test_a_changed_trigger_threshold_is_caught_by_the_kernel_differential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Escalations._quiet_locked`` with its steps trigger off by one (it fires a step early):
+    check_budget_quiet agrees without the change and reports a disagreement with it."""
+    from guard.policy import _escalation
+
+    limits, ops = {"max_steps": 10}, [("step",)] * 7  # WARN at 7 steps (0.7 of 10)
+    check_budget_quiet(limits, ops, 0)  # the control: the kernel and the method agree
+    real = _escalation.Escalations._quiet_locked
+
+    def one_step_early(self: Any, rank: int) -> bool:
+        return real(self, rank) and not self._usage.steps + 1 >= self._trig.steps
+
+    monkeypatch.setattr(_escalation.Escalations, "_quiet_locked", one_step_early)
+    with pytest.raises(AssertionError, match=r"\('step',\), True, False"):
+        check_budget_quiet(limits, ops, 0)  # at 6 steps: the kernel quiet, the method not

@@ -4,6 +4,11 @@ The same random sequence of admit / run_ended / record+observe / grant / release
 / expire / time steps goes to the policy's ``TenantBudget`` + ``TenantAllowances`` and to
 ``RedisTenantBudgets`` on a real redis-server (same virtual clock); every decision, grant and
 status must agree (floats within 1e-9).
+
+:func:`run_both` is that comparison (it raises ``AssertionError`` at the first disagreement).
+The mutation checks at the end change the policy's rule (its window, its allowance) and show
+that the same comparison then fails, and passes on the same ops without the change: the Lua
+copy is held to its home by a test that notices a changed rule.
 """
 
 from __future__ import annotations
@@ -11,12 +16,23 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from array import array
+from typing import Any
 
+import pytest
 from _hyp import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from guard.policy import RollingLimit, TenantAllowances, TenantBudget, TenantLimits, Usage
+from guard.policy import (
+    RollingLimit,
+    RollingWindow,
+    TenantAllowances,
+    TenantBudget,
+    TenantLimits,
+    Usage,
+    _rolling,
+)
 from guard.server._redis import RedisTenantBudgets, StateClient
 
 LIMITS = TenantLimits(
@@ -78,6 +94,8 @@ def same_grant(ref, got) -> None:
 
 
 async def run_both(url: str, ops: list[tuple], t0: float) -> None:
+    """The differential comparison: ``ops`` from ``t0`` to the reference and to Redis; raises
+    ``AssertionError`` at the first decision, grant or status on which they differ."""
     now = [t0]
     tenant = f"eq{next(_names)}"
     budget = TenantBudget(tenant, LIMITS, buckets=BUCKETS)
@@ -190,3 +208,78 @@ async def run_both(url: str, ops: list[tuple], t0: float) -> None:
 )
 def test_redis_budgets_equal_the_in_memory_reference(redis_server, ops, t0):
     asyncio.run(run_both(redis_server.url, ops, t0))
+
+
+# -- mutation checks: the comparison above fails on a deliberately changed rule ---------------
+# Each changes the Python home of a rule (monkeypatch: undone after the test) and replays one
+# explicit op list through run_both: it agrees without the change (the control) and reports a
+# disagreement with it, so the Lua script would not go on agreeing with a changed rule either.
+
+
+def _counts_usage_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window that counts every recorded spend twice."""
+    real = _rolling._metric_value
+    monkeypatch.setattr(_rolling, "_metric_value", lambda m, d: 2 * real(m, d))
+
+
+class _EarlyWindow(RollingWindow):
+    """A window whose oldest bucket expires one bucket early: the same bucket width, one
+    bucket fewer kept."""
+
+    def __init__(self, window_s: float, *, buckets: int = 60) -> None:
+        super().__init__(window_s, buckets=buckets)
+        self.buckets = buckets - 1
+        self._sums = array("d", bytes(8 * self.buckets))
+        self._ids = array("q", [-(2**62)] * self.buckets)
+
+
+def _expires_a_bucket_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_rolling, "RollingWindow", _EarlyWindow)
+
+
+def _grants_ten_percent_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An allowance that grants 10% more than the need it is asked for."""
+    real = TenantAllowances.grant
+
+    def grant(self: TenantAllowances, run_id: str, now: float, **kw: Any) -> Any:
+        for k in ("need_cost_usd", "need_tokens"):
+            kw[k] = kw.get(k, 0.0) * 1.1
+        return real(self, run_id, now, **kw)
+
+    monkeypatch.setattr(TenantAllowances, "grant", grant)
+
+
+def _caught(url: str, mutate: Any, ops: list[tuple], monkeypatch: pytest.MonkeyPatch) -> str:
+    """Replays ``ops`` through run_both as is (they must agree), then with the rule changed by
+    ``mutate``: the disagreement run_both reports (it must report one)."""
+    asyncio.run(run_both(url, ops, 0.0))  # the control: the rules agree
+    mutate(monkeypatch)
+    with pytest.raises(AssertionError) as caught:
+        asyncio.run(run_both(url, ops, 0.0))
+    return str(caught.value)
+
+
+_WINDOW_MUTATIONS = {
+    # one spend of 0.1: the cost window reads 0.2 on the mutated side
+    "counts_usage_twice": (_counts_usage_twice, [("record", 0.1, 0, 0, [])]),
+    # a spend, then 55 s of a 60 s window of 10 s buckets: 5 buckets later it is still in
+    "expires_a_bucket_early": (
+        _expires_a_bucket_early,
+        [("record", 0.1, 0, 0, []), ("tick", 55.0)],
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(_WINDOW_MUTATIONS))
+def test_a_changed_window_rule_is_caught_by_the_lua_differential(
+    redis_server, monkeypatch: pytest.MonkeyPatch, mutation: str
+) -> None:
+    mutate, ops = _WINDOW_MUTATIONS[mutation]
+    assert "cost_usd" in _caught(redis_server.url, mutate, ops, monkeypatch)  # the window's
+
+
+def test_a_changed_allowance_rule_is_caught_by_the_lua_differential(
+    redis_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ops = [("admit", "r0"), ("grant", "r0", 0.2, 0)]  # a run asks for 0.2: 0.22 on one side
+    assert "0.22" in _caught(redis_server.url, _grants_ten_percent_more, ops, monkeypatch)

@@ -17,7 +17,7 @@ from _wait import wait_until
 
 from guard.policy import RollingLimit, TenantLimits, Usage
 from guard.server._redis import RedisTenantBudgets
-from guard.server._redis._lua import TENANT_LUA
+from guard.server.tenants._redis_lua import TENANT_LUA
 
 WORKER = str(Path(__file__).with_name("_worker.py"))
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -23,7 +23,7 @@ from typing import Any
 from _wait import wait_until_async
 from server.conftest import Agent, step_span, trace_id_of
 
-from guard.server._redis._directory import RedisDirectory
+from guard.server.directory._redis import RedisDirectory
 from guard.v1 import guard_pb2 as pb
 
 TID = trace_id_of(41)

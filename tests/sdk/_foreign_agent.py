@@ -22,6 +22,7 @@ from typing import Any
 cfg = json.loads(sys.argv[1])
 
 import guard  # noqa: E402 - after reading the config, as an application would
+from guard.sdk._run import current_run_or_none  # noqa: E402
 
 
 def instrument() -> None:
@@ -85,7 +86,7 @@ result: dict[str, Any] = {}
 
 @guard.run(agent="foreign-bot", max_tokens=cfg.get("max_tokens"))
 def agent() -> str:
-    run = result["run"] = guard.current_run()
+    run = result["run"] = current_run_or_none()
     result["run_id"] = run.run_id
     if cfg.get("tool_loop"):
         result["fingerprint"] = run.fp.action("get_weather", {"city": SECRET_ARGS})

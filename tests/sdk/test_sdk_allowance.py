@@ -8,6 +8,7 @@ import pytest
 
 import guard
 from guard.policy import PolicyConfig
+from guard.sdk._run import current_run_or_none
 from guard.server import MemorySink, ServerThread
 
 
@@ -29,7 +30,7 @@ def test_reservations_ask_for_more_and_exhausted_stops_before_the_call(sink) -> 
 
         @guard.run(agent="spender", max_steps=100)
         def agent() -> None:
-            run = guard.current_run()
+            run = current_run_or_none()
             seen["first"] = run.allowance.max_cost_usd
             while True:
                 with guard.step() as step, step.reserve(cost_usd=0.03):

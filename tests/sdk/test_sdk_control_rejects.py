@@ -19,6 +19,7 @@ from _sdk_real_guard import guard_in_thread
 from _wait import wait_until
 
 import guard
+from guard.sdk._run import current_run_or_none
 from guard.sdk._runtime import get_runtime
 
 pytest.importorskip("guard.server")
@@ -123,7 +124,7 @@ def test_a_refused_allowance_request_fails_open_and_the_next_one_is_answered(
 
     @guard.run(agent="bot")
     def f() -> str:
-        run = guard.current_run()
+        run = current_run_or_none()
         wait_until(lambda: get_runtime().control.connected.is_set(), 10, "connected")
         bad = desk.request(run, math.inf, 0)
         answers["bad"] = bad.result(timeout=5)

@@ -24,6 +24,7 @@ from guard.integrations._estimate import (
 )
 from guard.policy import ModelPrice, PriceBook
 from guard.sdk._reserve import estimate_cost
+from guard.sdk._run import current_run_or_none
 from guard.testing import SpanSink, capture_spans
 
 BOOK = PriceBook("test", {"m": ModelPrice(6.0, 20.0)})  # $6/M in, $20/M out
@@ -47,7 +48,7 @@ def test_estimate_cost_prices_input_and_output_at_their_own_rates(priced: SpanSi
 
     @guard.run(agent="e")
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         seen["split"] = estimate_cost(run, "m", 1000, 200)
         seen["input_only"] = estimate_cost(run, "m", 1000, 0)
         seen["total"] = estimate_cost(run, "m", 1200)  # no split: every token at the dearer rate
@@ -65,7 +66,7 @@ def test_reserve_with_a_split_holds_its_cost_and_tokens(priced: SpanSink) -> Non
 
     @guard.run(agent="e", max_cost_usd=1.0)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         with guard.step() as step:
             with step.reserve(input_tokens=1000, output_tokens=200, model="m"):
                 seen["held"] = run.budget.reserved()
@@ -277,7 +278,7 @@ def test_output_is_max_tokens_else_the_runs_largest_reply_capped_by_the_model(
 
     @guard.run(agent="e")
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         seen["first"] = output_tokens(run, "gpt-4.1", None)
         seen["asked"] = output_tokens(run, "gpt-4.1", 2_000)
         with guard.step() as step:

@@ -15,6 +15,7 @@ import pytest
 import guard
 from guard.policy import Limits, PolicyConfig
 from guard.sdk._decorator import _make_spec
+from guard.sdk._run import current_run_or_none
 from guard.testing import SpanSink
 from guard.wire import limits_from_pb, limits_to_pb
 
@@ -93,7 +94,7 @@ def test_a_step_holds_the_mean_until_its_model_call_settles_it(sink: SpanSink) -
 
     @guard.run(agent="r", max_cost_usd=1.0)
     def agent() -> None:
-        budget = guard.current_run().budget
+        budget = current_run_or_none().budget
         with guard.step() as step:  # the first step: no mean yet, nothing held
             seen["first"] = budget.reserved().cost_usd
             step.model_call(model="gpt-4.1", input_tokens=100, output_tokens=10, cost_usd=0.02)
@@ -141,7 +142,7 @@ def test_an_explicit_reservation_wins_over_the_implicit_estimate(sink: SpanSink)
 
     @guard.run(agent="r", max_cost_usd=0.15)
     def agent() -> None:
-        budget = guard.current_run().budget
+        budget = current_run_or_none().budget
         with guard.step() as step:
             step.model_call(model="gpt-4.1", cost_usd=0.06)
         with guard.step() as step:
@@ -306,7 +307,7 @@ def test_steps_in_flight_when_the_first_mean_appears_hold_it_and_give_it_back(
 
     @guard.run(agent="r", max_cost_usd=1.0)
     def agent() -> None:
-        budget = guard.current_run().budget
+        budget = current_run_or_none().budget
 
         def slow() -> None:  # begins before any mean, records nothing, ends after it
             with guard.step():
@@ -333,7 +334,7 @@ def test_a_step_that_ended_before_the_first_mean_holds_nothing_afterwards(sink: 
 
     @guard.run(agent="r", max_cost_usd=1.0)
     def agent() -> None:
-        budget = guard.current_run().budget
+        budget = current_run_or_none().budget
         with guard.step():
             pass  # no call, no mean yet
         with guard.step() as step:

@@ -22,7 +22,7 @@ pytest.importorskip("guard.server")
 @pytest.fixture
 def counted_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """A real guard that counts, by run id, every RunEnded it reads."""
-    import guard.server._control as control
+    import guard.server.control._stream as control
 
     sends: Counter[str] = Counter()
     real = control.apply_message

@@ -10,6 +10,7 @@ import pytest
 from _wait import wait_until_async
 
 import guard
+from guard.sdk._run import current_run_or_none
 from guard.testing import SpanSink
 
 
@@ -40,7 +41,7 @@ def test_reserve_settles_with_the_model_call_and_releases_without_one(sink: Span
 
     @guard.run(agent="r", max_cost_usd=0.10, max_tokens=10_000)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         with guard.step() as step, step.reserve(cost_usd=0.04, tokens=4_000):
             seen["held"] = run.budget.reserved()
             step.model_call(model="gpt-4.1", input_tokens=100, output_tokens=10, cost_usd=0.03)
@@ -82,7 +83,7 @@ def test_tokens_only_with_a_model_is_priced_from_the_price_book(sink: SpanSink) 
     @guard.run(agent="r")
     def agent() -> None:
         with guard.step() as step, step.reserve(tokens=1_000_000, model="gpt-4.1"):
-            seen["held"] = guard.current_run().budget.reserved()
+            seen["held"] = current_run_or_none().budget.reserved()
 
     agent()
     assert seen["held"].cost_usd == pytest.approx(8.0)  # the dearer (output) rate, per 1M
@@ -93,7 +94,7 @@ def test_exceptions_and_cancels_release_the_reservation(sink: SpanSink) -> None:
 
     @guard.run(agent="r", max_cost_usd=0.10)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         for _ in range(5):  # 5 x 0.05 > 0.10: only fine if every failed call gave it back
             with pytest.raises(ValueError), guard.step() as step, step.reserve(cost_usd=0.05):
                 raise ValueError("the model call failed")
@@ -104,7 +105,7 @@ def test_exceptions_and_cancels_release_the_reservation(sink: SpanSink) -> None:
 
     @guard.run(agent="a", max_cost_usd=0.10)
     async def aagent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
 
         async def one() -> None:
             async with guard.step() as step, step.reserve(cost_usd=0.05):
@@ -131,7 +132,7 @@ def test_eight_parallel_calls_in_one_run_never_pass_the_cost_limit(sink, max_cos
 
     @guard.run(agent="par", max_cost_usd=max_cost_usd, max_steps=10_000)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
 
         def worker() -> None:
             while True:
@@ -162,7 +163,7 @@ def test_async_tasks_in_one_run_never_pass_the_cost_limit(sink: SpanSink) -> Non
 
         results = await asyncio.gather(*(worker() for _ in range(8)), return_exceptions=True)
         seen["results"] = results
-        seen["usage"] = guard.current_run().budget.usage()
+        seen["usage"] = guard.current_run().usage()
 
     asyncio.run(agent())
     assert all(isinstance(r, guard.RunStopped) for r in seen["results"])
@@ -181,7 +182,7 @@ def test_nested_runs_reserve_against_the_parent(sink: SpanSink) -> None:
         with pytest.raises(guard.RunStopped) as stop:
             child()
         assert stop.value.outcome.reason == "cost_budget"
-        return guard.current_run().budget.usage().cost_usd
+        return guard.current_run().usage().cost_usd
 
     assert parent() == pytest.approx(0.09)
 

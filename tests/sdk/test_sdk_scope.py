@@ -31,7 +31,7 @@ def _reason(sink: SpanSink) -> str:
 # -- the run scope ------------------------------------------------------------------------------
 def test_a_scope_is_the_current_run_and_its_cancel_comes_out_on_exit(sink: SpanSink) -> None:
     with pytest.raises(guard.RunStopped) as info, RunScope(_spec(max_steps=3)) as run:
-        assert guard.current_run() is run
+        assert guard.current_run() is run.handle
         with guard.step():
             pass
         run.cancel("user_cancel")  # the block ends normally: the cancel still comes out

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import guard
+from guard.sdk._run import current_run_or_none
 
 
 @dataclass
@@ -39,7 +40,7 @@ def test_run_tools_over_a_plain_coroutine_counts_and_fingerprints_every_call(sin
             async with guard.step():
                 results = await guard.run_tools(_calls(8, 8 * b), plain)
             assert results == [f"order {i}" for i in range(8 * b, 8 * b + 8)]
-        seen["usage"] = guard.current_run().budget.usage()
+        seen["usage"] = guard.current_run().usage()
 
     asyncio.run(agent())
     assert seen["usage"].tool_calls == 80
@@ -76,7 +77,7 @@ def test_a_guard_tool_or_step_tool_call_inside_run_tools_is_counted_once(sink) -
 
     @guard.run(agent="tools", max_steps=100)
     async def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         async with guard.step():
             await guard.run_tools(_calls(8), lambda c: lookup(c["args"]["order"]))
         seen["decorated"] = run.budget.usage().tool_calls
@@ -107,7 +108,7 @@ def test_admit_tools_complete_records_the_calls_a_plain_function_ran(sink) -> No
 
     @guard.run(agent="tools", max_tool_calls=5)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         with guard.step() as step:
             batch = guard.admit_tools(_calls(8))
             assert len(batch.admitted) == 5 and len(batch.rejected) == 3
@@ -127,7 +128,7 @@ def test_paid_tools_in_batches_of_eight_never_pass_the_cost_limit(sink) -> None:
 
     @guard.run(agent="paid", max_cost_usd=0.10, max_steps=100)
     def agent() -> None:
-        run = guard.current_run()
+        run = current_run_or_none()
         for b in range(5):
             with guard.step() as step, guard.admit_tools(_calls(8, 8 * b), cost_usd=0.01) as batch:
                 for c in batch.admitted:

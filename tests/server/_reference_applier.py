@@ -1,4 +1,4 @@
-"""A plain reference for :class:`guard.server._ingest.SpanApplier`: span by span, no batching.
+"""A plain reference for :class:`guard.server.applier._applier.SpanApplier`: span by span, no batching.
 
 The fused loop inlines the three common kinds, caches the last run and its tenant's usage
 between consecutive spans, and adds each run's tool calls to its budget once per request.
@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from guard.policy import Phase, Usage
-from guard.server._ingest import SpanApplier, Touched
-from guard.server._schema import (
+from guard.server.applier._applier import SpanApplier, Touched
+from guard.server.decode._schema import (
     ACTION_FP,
     ATTEMPTS,
     CACHED,

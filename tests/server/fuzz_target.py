@@ -19,12 +19,12 @@ from typing import Any
 from guard.errors import GuardError
 from guard.policy import PolicyConfig
 from guard.server import MemorySink
-from guard.server._auth import Principal
-from guard.server._control import apply_message
-from guard.server._decode import decode_slices
-from guard.server._fanout import AgentSession
-from guard.server._otlp import CHUNK_SPANS
-from guard.server._registry import Registry
+from guard.server.control._fanout import AgentSession
+from guard.server.control._stream import apply_message
+from guard.server.decode._decode import decode_slices
+from guard.server.otlp._grpc import CHUNK_SPANS
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import Principal
 from guard.v1 import guard_pb2 as pb
 from guard.wire import check_batch, check_hello
 

@@ -21,11 +21,11 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from guard.policy import PolicyConfig
-from guard.server._otlp import CHUNK_SPANS
-from guard.server._schema import FLOAT as _FLOAT
-from guard.server._schema import INT as _INT
-from guard.server._schema import KEYS as _KEYS
-from guard.server._schema import STR as _STR
+from guard.server.decode._schema import FLOAT as _FLOAT
+from guard.server.decode._schema import INT as _INT
+from guard.server.decode._schema import KEYS as _KEYS
+from guard.server.decode._schema import STR as _STR
+from guard.server.otlp._grpc import CHUNK_SPANS
 from guard.v1 import guard_pb2 as pb
 from guard.wire import (
     MAX_BATCH_BYTES,

@@ -25,10 +25,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from guard.server import _nativeapply
-from guard.server import _schema as s
-from guard.server._auth import ANONYMOUS, Principal
-from guard.server._ingest import SpanApplier
-from guard.server._schema import Decoded, Observation
+from guard.server.applier._applier import SpanApplier
+from guard.server.decode import _schema as s
+from guard.server.decode._schema import Decoded, Observation
+from guard.server.runtime._auth import ANONYMOUS, Principal
 from guard.v1 import guard_pb2 as pb
 
 from .conftest import trace_id_of
@@ -201,6 +201,28 @@ _SHRUNK = [
 ]
 
 
+def _model(inp: int, out: int) -> dict[str, Any]:
+    return {"kind": s.KIND_MODEL, "in": inp, "out": out, "cached": 0, "reasoning": 0,
+            "cost": None, "model": "gpt-4.1", "resp": None, "foreign": False, "parent": b""}  # fmt: skip
+
+
+def _step(index: int) -> dict[str, Any]:
+    return {"kind": s.KIND_STEP, "index": index, "progress": True, "state": None}
+
+
+# A run's first step spends 1500 of its 3000 tokens (all output), its second none: the last
+# step is small (the forecast gate, _forecast_due, says "far from the limit": nothing to
+# forecast) while the fit (750 tokens a step on average) says the budget runs out at step 4,
+# within the horizon. The forecast gate alone keeps the run from a warning. Generated traffic
+# reaches such a request rarely (200 examples of each of three seeds did not), hence this
+# example: without it, a native gate that blocked less than _forecast_due would pass.
+_FORECAST_PAST_THE_GATE = [
+    ("register", 0, 0),
+    ("obs", None, [(0, None, _model(0, 1500)), (0, None, _step(1)),
+                   (0, None, _model(0, 0)), (0, None, _step(2))]),
+]  # fmt: skip
+
+
 @settings(
     max_examples=examples(200),
     deadline=None,
@@ -208,8 +230,16 @@ _SHRUNK = [
 )
 @example(_SHRUNK)
 @example([*_SHRUNK, ("tick", 45.0)])  # past the ack timeout: both cancels are written
+@example(_FORECAST_PAST_THE_GATE)  # the forecast gate decides whether a run is warned
 @given(st.lists(op, min_size=4, max_size=24))
 def test_native_applier_matches_the_python_loop(ops: list[tuple[Any, ...]]) -> None:
+    compare_appliers(ops)
+
+
+def compare_appliers(ops: list[tuple[Any, ...]]) -> None:
+    """The differential comparison: ``ops`` to a registry on the native applier and to one on
+    the Python loop; raises ``AssertionError`` at the first step after which what they raised
+    or their state (see :meth:`NativeSide.state`) differ."""
     native, ref = NativeSide(native=True), NativeSide(native=False)
     n = 1
     for step in ops:
@@ -272,3 +302,61 @@ def test_the_native_loop_answers_for_the_common_spans() -> None:
     assert (usage.steps, usage.model_calls, usage.tool_calls, usage.input_tokens) == (3, 3, 3, 300)
     assert calls == []
     assert side.results == [(0, [])]
+
+
+# -- mutation checks: the comparison above fails on a deliberately changed rule ---------------
+# Each changes the Python home of a rule (monkeypatch: undone after the test) and replays one
+# explicit op list through compare_appliers: it agrees without the change (the control) and
+# reports a disagreement with it.
+
+
+def _caught(ops: list[tuple[Any, ...]], mutate: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    compare_appliers(ops)  # the control: the native applier and the Python loop agree
+    mutate(monkeypatch)
+    with pytest.raises(AssertionError) as caught:
+        compare_appliers(ops)
+    return str(caught.value)
+
+
+def test_a_changed_span_applier_rule_is_caught_by_the_native_differential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Python loop's per-request tool-call rule (``_applier._flush``: the calls counted in
+    a request recorded in their runs' budgets) counting each call twice."""
+    from guard.server.applier import _applier
+
+    def twice(monkeypatch: pytest.MonkeyPatch) -> None:
+        real = _applier._flush
+
+        def flush(touched: dict[Any, Any], spent: dict[str, Any]) -> None:
+            for entry in touched.values():
+                entry.tools *= 2
+            real(touched, spent)
+
+        monkeypatch.setattr(_applier, "_flush", flush)
+
+    tool = {"kind": s.KIND_TOOL, "fp": FPS[0], "result": FPS[1], "attempts": 1, "name": "search"}
+    ops = [("register", 0, 0), ("obs", None, [(0, None, tool)])]
+    assert "'tool_calls': 2" in _caught(ops, twice, monkeypatch)
+
+
+def test_a_forecast_gate_that_never_blocks_is_caught_by_the_native_differential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forecast gate (``_router._forecast_due``, also bound in ``_applier``) always
+    saying "due": the Python loop warns the run of _FORECAST_PAST_THE_GATE, while the native
+    conclude, on its own copy of the gate (``forecast_due`` in _apply_end.h), leaves it be.
+
+    Only a change this way can show: the native conclude calls ``_decide`` (and so the Python
+    gate) for every run its own gate lets through, so a Python gate that blocks *more* than
+    the native one changes what both sides do alike (the native gate is a pre-filter)."""
+    from guard.server.applier import _applier
+    from guard.server.decisions import _router
+
+    def never_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+        for home in (_router, _applier):
+            monkeypatch.setattr(home, "_forecast_due", lambda run, limits: True)
+
+    assert "forecast: tokens budget runs out at step 4" in _caught(
+        _FORECAST_PAST_THE_GATE, never_blocks, monkeypatch
+    )

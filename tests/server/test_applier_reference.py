@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from guard.policy import Outcome, Reason, Status
 from guard.server import MemorySink, decode_request
-from guard.server._auth import ANONYMOUS, Principal
-from guard.server._fanout import AgentSession
-from guard.server._registry import Registry
+from guard.server.control._fanout import AgentSession
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import ANONYMOUS, Principal
 from guard.v1 import guard_pb2 as pb
 
 from ._reference_applier import ReferenceApplier
@@ -320,7 +320,7 @@ class _CountingBudgets:
     """The in-memory tenant budgets, counting the calls that would be round trips."""
 
     def __init__(self, registry: Any) -> None:
-        from guard.server._parts import LocalTenantBudgets
+        from guard.server.tenants._local import LocalTenantBudgets
 
         self.inner = LocalTenantBudgets(registry)
         self.records: list[str] = []
@@ -334,7 +334,9 @@ class _CountingBudgets:
 
 
 def test_a_request_reaches_each_tenants_budget_once() -> None:
-    from guard.server._parts import LocalBus, LocalDirectory, Parts
+    from guard.server._parts import Parts
+    from guard.server.bus._local import LocalBus
+    from guard.server.directory._local import LocalDirectory
 
     counting: list[_CountingBudgets] = []
 

@@ -181,7 +181,7 @@ def _both_ways(msgs: list[pb.GuardMessage], close: bool) -> None:
     """take_encoded on an Outbox writes what take_batch (on an asyncio.Queue) batches."""
     import asyncio
 
-    from guard.server._fanout import _CLOSE, AgentSession, Outbox
+    from guard.server.control._fanout import _CLOSE, AgentSession, Outbox
     from guard.wire import guard_batch_to_pb, take_batch, take_encoded
 
     end = AgentSession.is_close

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from guard.server import _memtrim
+from guard.server.runtime import _memtrim
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_oversize_memory.py"
 

@@ -14,8 +14,8 @@ import pytest
 from _wait import wait_until_async
 
 from guard.bounds import MAX_ID_CHARS, MAX_RUNS_PER_MESSAGE
-from guard.server import _control
-from guard.server._control import MAX_CONTROL_MESSAGE_BYTES, Oversize
+from guard.server.control import _stream as _control
+from guard.server.control._stream import MAX_CONTROL_MESSAGE_BYTES, Oversize
 from guard.v1 import guard_pb2 as pb
 
 from .conftest import Agent, trace_id_of

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from guard.server import decode_request
-from guard.server._schema import (
+from guard.server.decode._schema import (
     KIND_MODEL,
     KIND_RUN,
     KIND_STEP,

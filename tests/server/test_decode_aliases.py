@@ -13,10 +13,10 @@ import pytest
 
 from guard.semconv import AGGREGATE_OPERATIONS, USAGE_ATTRIBUTES, USAGE_KEYS
 from guard.server import _nativedecode, decode_spans
-from guard.server._decode import decode_payload
-from guard.server._schema import KEYS as _KEYS
-from guard.server._schema import KIND_MODEL
-from guard.server._schema import USAGE_SLOTS as _USAGE_SLOTS
+from guard.server.decode._decode import decode_payload
+from guard.server.decode._schema import KEYS as _KEYS
+from guard.server.decode._schema import KIND_MODEL
+from guard.server.decode._schema import USAGE_SLOTS as _USAGE_SLOTS
 
 from .conftest import request, span, trace_id_of
 
@@ -33,7 +33,8 @@ READ = {  # decoded field -> Observation property
 
 
 def _both(*spans):
-    """Observations of the reference decoder and of the native one (they must agree)."""
+    """Observations of the reference decoder and of the native one (they must agree: the
+    differential comparison, raising ``AssertionError`` where they do not)."""
     req = request(*spans)
     ref = decode_spans([s for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans])
     fast = decode_payload(req.SerializeToString())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from guard.server._fair import TenantTurns
+from guard.server.runtime._fair import TenantTurns
 
 
 async def _sliced(turns: TenantTurns | None, tenant: str, name: str, log: list[str]) -> None:

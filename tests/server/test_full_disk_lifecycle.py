@@ -161,7 +161,7 @@ async def test_the_condition_is_on_the_metrics_endpoint():
 async def test_past_the_bound_an_agent_record_is_let_go_unacked_and_its_resend_is_written(
     monkeypatch,
 ):
-    from guard.server import _lifecycle
+    from guard.server.runs import _lifecycle
 
     monkeypatch.setattr(_lifecycle, "UNWRITTEN_MAX", 2)
     sink = FullDiskSink()

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from guard.errors import InvalidInput
 from guard.server import MemorySink, ServerThread
-from guard.server._decode import decode_slices
-from guard.server._otlp import CHUNK_SPANS
+from guard.server.decode._decode import decode_slices
+from guard.server.otlp._grpc import CHUNK_SPANS
 from guard.v1 import guard_pb2 as pb
 
 from .conftest import AUTH, AUTH_ENV

@@ -1,4 +1,4 @@
-"""The guard process's collector settings (``guard.server._gc``), in a child process: they are
+"""The guard process's collector settings (``guard.server.runtime._gc``), in a child process: they are
 process-wide."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 def test_bound_gc_pauses_freezes_and_raises_the_young_threshold():
     code = (
         "import gc\n"
-        "from guard.server._gc import YOUNG_THRESHOLD, bound_gc_pauses\n"
+        "from guard.server.runtime._gc import YOUNG_THRESHOLD, bound_gc_pauses\n"
         "before = gc.get_threshold()\n"
         "bound_gc_pauses()\n"
         "after = gc.get_threshold()\n"

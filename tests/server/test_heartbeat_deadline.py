@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from guard.policy import Action, Decision, Limits, Phase, PolicyConfig
-from guard.server._registry import Registry
-from guard.server._state import RunState
+from guard.server.runs._registry import Registry
+from guard.server.runs._state import RunState
 
 
 class _Clock:

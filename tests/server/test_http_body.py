@@ -9,9 +9,9 @@ import zlib
 import pytest
 
 from guard.errors import InputTooLarge, InvalidInput
-from guard.server._httpbody import Budget, Hold, gunzip
-from guard.server._httpframe import Framing
-from guard.server._status import Overloaded
+from guard.server.otlp._httpbody import Budget, Hold, gunzip
+from guard.server.otlp._httpframe import Framing
+from guard.server.runtime._status import Overloaded
 
 
 def test_every_gzip_member_is_inflated():

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from guard.server import MemorySink, ServerThread
-from guard.server import _http as http_module
+from guard.server.otlp import _http as http_module
 
 from .conftest import config, trace_id_of
 from .test_otlp_http import _json_request

@@ -16,7 +16,7 @@ from _wait import wait_until_async
 from guard.errors import ConfigError, GuardUnavailable
 from guard.policy import MetricsSettings, PolicyConfig
 from guard.server import GuardServer
-from guard.server._metrics import OTHER_TENANTS, top_tenants
+from guard.server.runtime._metrics import OTHER_TENANTS, top_tenants
 
 from ._metrics_help import MetricsReceiver, scrape, scrape_until
 from .conftest import Agent, config, step_span, tool_span, trace_id_of

@@ -22,8 +22,21 @@ from opentelemetry.proto.common.v1 import common_pb2
 
 from guard.errors import InvalidInput
 from guard.server import _nativedecode
-from guard.server._decode import decode_payload, decode_slices
-from guard.server._schema import BOOL, FLOAT, HEX, INT, KEYS, KIND_MODEL, KIND_TOOL, STR
+from guard.server.decode._decode import decode_payload, decode_slices
+from guard.server.decode._schema import (
+    AGGREGATE_OPS,
+    BOOL,
+    FLOAT,
+    HEX,
+    INT,
+    KEYS,
+    KIND,
+    KIND_MODEL,
+    KIND_STEP,
+    KIND_TOOL,
+    MODEL_OPS,
+    STR,
+)
 
 from .conftest import field, raw_request, raw_span, request, span, trace_id_of
 
@@ -49,7 +62,10 @@ def _outcome(data: bytes, native: bool, max_spans: int = 1 << 30):
 
 
 def _same(data: bytes) -> object:
-    """Native == reference on ``data`` (and sliced native == whole); returns the outcome."""
+    """Native == reference on ``data`` (and sliced native == whole); returns the outcome.
+
+    The differential comparison of every test here: raises ``AssertionError`` where the two
+    decoders differ."""
     want = _outcome(data, native=False)
     assert _outcome(data, native=True) == want
     assert _outcome(data, native=True, max_spans=2) == want  # resumed slices: the same
@@ -77,7 +93,9 @@ def _kv(key: str, which: str | None, value: object = None) -> bytes:
 
 
 # -- canonical requests: answered natively, equal to the reference ---------------------------
-def test_the_shapes_agents_send_are_answered_natively_and_equal():
+def _agent_request() -> bytes:
+    """The shapes agents send: a model call, a failed tool call, a step, a foreign model call
+    and a span that is not ours, of one request."""
     run = {"guard.run.id": "r-1", "guard.tenant": "acme", "guard.seq": 3}
     spans = [
         span(
@@ -105,7 +123,11 @@ def test_the_shapes_agents_send_are_answered_natively_and_equal():
         span("GET /", TID, {"http.method": "GET"}),
     ]
     spans[1].status.code = 2
-    data = request(*spans).SerializeToString()
+    return request(*spans).SerializeToString()
+
+
+def test_the_shapes_agents_send_are_answered_natively_and_equal():
+    data = _agent_request()
     assert _answered(data)
     _typed, rejected, _errors, count = _same(data)
     assert (rejected, count) == (0, 5)
@@ -317,3 +339,133 @@ def test_slices_resume_across_resource_and_scope_boundaries():
         got = [o.run_id for p in parts for o in p.observations]
         assert got == [f"r{i}" for i in range(7)]
     _same(data)
+
+
+# -- generated canonical spans: every kind of span, answered natively -------------------------
+# The generated requests above are mostly odd shapes the native decoder hands back to the
+# reference, or spans it rejects: in 400 of them (seed 1) no step span, no run span and no
+# model call of a run decoded at all, so a reference that classified those differently went
+# unnoticed. These spans are all canonical and valid, of every name, operation, run id and
+# usage that decides a span's kind, and every request is answered natively.
+_OPERATIONS = sorted(MODEL_OPS | AGGREGATE_OPS | {"other", ""})
+_SPAN_NAMES = [
+    *("guard.step", "invoke_agent bot", "execute_tool search", "execute_toolx", "chat gpt-4.1"),
+    *("embeddings m", "handle_conversation_turn bot", "x", ""),
+]
+_kind_span = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(_SPAN_NAMES),
+        "run": st.booleans(),
+        "op": st.none() | st.sampled_from(_OPERATIONS),
+        "in": st.none() | st.integers(0, 5000),
+        "out": st.none() | st.integers(0, 500),
+        "cached": st.none() | st.just(0),  # above the input it is rejected (tested above)
+        "tool": st.none() | st.just("lookup"),
+        "error": st.booleans(),
+    }
+)
+
+
+def _kinds_request(specs: list[dict]) -> bytes:
+    spans = []
+    for sp in specs:
+        attrs = {"guard.run.id": "r-1", "guard.tenant": "acme"} if sp["run"] else {}
+        for key, value in (
+            ("gen_ai.operation.name", sp["op"]),
+            ("gen_ai.usage.input_tokens", sp["in"]),
+            ("gen_ai.usage.output_tokens", sp["out"]),
+            ("gen_ai.usage.cache_read.input_tokens", sp["cached"]),
+            ("gen_ai.tool.name", sp["tool"]),
+        ):
+            if value is not None:
+                attrs[key] = value
+        one = span(sp["name"], TID, attrs, span_id=(len(spans) + 1).to_bytes(8, "big"))
+        if sp["error"]:
+            one.status.code = 2
+        spans.append(one)
+    return request(*spans).SerializeToString()
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(st.lists(_kind_span, min_size=1, max_size=6))
+def test_generated_spans_of_every_kind_are_classified_exactly_as_the_reference(specs):
+    data = _kinds_request(specs)
+    assert _answered(data)  # the native decoder's own classification, not the reference's
+    _same(data)
+
+
+# -- mutation checks: the comparison above fails on a deliberately changed rule ---------------
+# Each changes the reference decoder's classification of spans (monkeypatch: undone after the
+# test) on a request the native decoder answers itself: _same agrees without the change (the
+# control) and reports a disagreement with it.
+
+
+def _step_as_tool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_observe`` classifying a step span (``guard.step``) as a tool call."""
+    from guard.server.decode import _pydecode
+
+    real = _pydecode._observe
+
+    def observe(span, o):
+        o = real(span, o)
+        if o is not None and o[KIND] == KIND_STEP:
+            o[KIND] = KIND_TOOL
+        return o
+
+    monkeypatch.setattr(_pydecode, "_observe", observe)
+
+
+def _aggregates_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No operation counted as an aggregate: a foreign agent span's usage (a sum of its model
+    calls) counted as one more model call."""
+    from guard.server.decode import _pydecode
+
+    monkeypatch.setattr(_pydecode, "AGGREGATE_OPS", frozenset())
+
+
+_AGGREGATE = request(
+    span(
+        "invoke_agent bot",
+        TID,
+        {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.usage.input_tokens": 4000,
+            "gen_ai.usage.output_tokens": 400,
+        },
+    )
+).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "data"),
+    [(_step_as_tool, _agent_request()), (_aggregates_count, _AGGREGATE)],
+    ids=["a_step_span_as_a_tool_call", "an_aggregate_span_as_a_model_call"],
+)
+def test_a_changed_span_classification_is_caught_by_the_native_decode_differential(
+    monkeypatch: pytest.MonkeyPatch, mutate, data: bytes
+) -> None:
+    assert _answered(data)  # the native decoder answers: its own rules, not the reference's
+    _same(data)  # the control: the decoders agree
+    mutate(monkeypatch)
+    with pytest.raises(AssertionError):
+        _same(data)
+
+
+def test_a_changed_span_classification_is_caught_by_the_alias_differential(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The comparison of tests/server/test_decode_aliases.py (``_both``; here, where the native
+    decoder is built, since without it ``_both`` compares the reference with itself): the
+    reference counting no operation as an aggregate makes an agent span carrying its calls'
+    summed usage a model call there, not in the native decoder, and ``_both`` says so."""
+    from .test_decode_aliases import _both
+
+    attrs = {
+        "gen_ai.operation.name": "handle_conversation_turn",
+        "gen_ai.usage.input_tokens": 4000,
+        "gen_ai.usage.output_tokens": 400,
+    }
+    assert _both(span("handle_conversation_turn bot", TID, attrs)).observations == []  # control
+    _aggregates_count(monkeypatch)
+    with pytest.raises(AssertionError):
+        _both(span("handle_conversation_turn bot", TID, attrs))

@@ -25,7 +25,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from guard.errors import ConfigError
 from guard.server import GuardServer, TlsFiles
-from guard.server._http import _OFF_LOOP_BYTES
+from guard.server.otlp._http import _OFF_LOOP_BYTES
 from guard.v1 import guard_pb2_grpc
 
 from . import test_tls

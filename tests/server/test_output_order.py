@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 
 from guard.server import MemorySink
-from guard.server._auth import ANONYMOUS
-from guard.server._fanout import ACK_TIMEOUT_S, AgentSession
-from guard.server._registry import Registry
+from guard.server.control._fanout import ACK_TIMEOUT_S, AgentSession
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import ANONYMOUS
 from guard.v1 import guard_pb2 as pb
 
 from .conftest import config, trace_id_of

@@ -191,7 +191,7 @@ async def guard_call(fn, *args, **kw):
 
 
 async def test_provisional_spans_are_bounded_in_total(sink, guard, monkeypatch):
-    from guard.server import _table
+    from guard.server.runs import _table
 
     monkeypatch.setattr(_table, "PROVISIONAL_SPANS_TOTAL", 3)
     reg = guard.registry

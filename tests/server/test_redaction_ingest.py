@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from opentelemetry.proto.common.v1 import common_pb2
 
-from guard.server._decode import decode_payload, decode_spans
+from guard.server.decode._decode import decode_payload, decode_spans
 
 from .conftest import attr, request, span
 

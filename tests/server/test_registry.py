@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from guard.policy import DecidedBy, Reason, Status
 from guard.server import MemorySink, decode_request
-from guard.server._auth import ANONYMOUS
-from guard.server._fanout import AgentSession
-from guard.server._registry import Registry
+from guard.server.control._fanout import AgentSession
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import ANONYMOUS
 from guard.v1 import guard_pb2 as pb
 
 from .conftest import config, model_span, request, span, step_span, tool_span, trace_id_of

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from guard.policy import Limits, PolicyConfig, Usage
-from guard.server._admission import Admission
-from guard.server._decisions import DecisionRouter
-from guard.server._lifecycle import Lifecycle
-from guard.server._registry import Registry
-from guard.server._rejoin import Rejoin
+from guard.server.decisions._router import DecisionRouter
+from guard.server.runs._admission import Admission
+from guard.server.runs._lifecycle import Lifecycle
+from guard.server.runs._registry import Registry
+from guard.server.runs._rejoin import Rejoin
 from guard.v1 import guard_pb2 as pb
 from guard.wire import (
     cancel_response_to_pb,
@@ -36,7 +36,7 @@ from guard.wire import (
 )
 
 SERVER = Path(__file__).resolve().parents[2] / "guard" / "server"
-SERVICERS = ("_admin.py", "_control.py", "_otlp.py", "_http.py")
+SERVICERS = ("admin/_admin.py", "control/_stream.py", "otlp/_grpc.py", "otlp/_http.py")
 PARTS = {
     "decisions": DecisionRouter,
     "lifecycle": Lifecycle,
@@ -182,8 +182,8 @@ def _pending(session) -> list:
 
 def test_the_router_builds_the_deny_and_the_resent_cancel(registry: Registry) -> None:
     from guard.policy import DecidedBy, Reason
-    from guard.server._auth import ANONYMOUS
-    from guard.server._fanout import AgentSession
+    from guard.server.control._fanout import AgentSession
+    from guard.server.runtime._auth import ANONYMOUS
 
     session = AgentSession("s", None, registry.log, registry.clock)
     registry.hello(session, pb.Hello(process_id="p", tenant="acme"), ANONYMOUS)

@@ -20,12 +20,12 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from guard.errors import GuardUnavailable, InvalidInput
 from guard.policy import PolicyConfig
 from guard.server import GuardServer, MemorySink
-from guard.server._auth import Principal
-from guard.server._fair import TenantTurns
-from guard.server._intake import MIN_COST_BYTES, SLICE_SPANS, TURN_BUDGET_S, SpanIntake
-from guard.server._otlp import ingest_export
-from guard.server._registry import Registry
-from guard.server._status import Overloaded
+from guard.server.otlp._grpc import ingest_export
+from guard.server.otlp._intake import MIN_COST_BYTES, SLICE_SPANS, TURN_BUDGET_S, SpanIntake
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import Principal
+from guard.server.runtime._fair import TenantTurns
+from guard.server.runtime._status import Overloaded
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -284,7 +284,7 @@ def test_the_queue_size_is_a_validated_setting():
 
 
 async def test_memory_is_given_back_once_ingest_goes_quiet_after_a_burst(monkeypatch):
-    import guard.server._intake as intake_mod
+    import guard.server.otlp._intake as intake_mod
 
     trims: list[int] = []
     monkeypatch.setattr(intake_mod, "TRIM_AFTER_BYTES", 3 * MIN_COST_BYTES)
@@ -310,8 +310,8 @@ async def test_memory_is_given_back_once_ingest_goes_quiet_after_a_burst(monkeyp
 async def test_collections_are_small_while_load_is_shed_and_usual_once_quiet(monkeypatch):
     import gc
 
-    import guard.server._gc as gc_mod
-    import guard.server._intake as intake_mod
+    import guard.server.otlp._intake as intake_mod
+    import guard.server.runtime._gc as gc_mod
 
     monkeypatch.setattr(intake_mod, "QUIET_S", 0.05)
     monkeypatch.setattr(gc_mod, "_bounded", True)  # as in `otel-guard serve`
@@ -366,7 +366,7 @@ def test_garbage_frozen_while_alive_is_reclaimed(monkeypatch):
     import gc
     import weakref
 
-    import guard.server._gc as gc_mod
+    import guard.server.runtime._gc as gc_mod
 
     class Body:
         pass

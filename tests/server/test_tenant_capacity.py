@@ -19,9 +19,9 @@ import pytest
 
 from guard.errors import ConfigError
 from guard.server import GuardServer, MemorySink, decode_request
-from guard.server._auth import Principal
-from guard.server._fanout import AgentSession
-from guard.server._registry import Registry
+from guard.server.control._fanout import AgentSession
+from guard.server.runs._registry import Registry
+from guard.server.runtime._auth import Principal
 from guard.v1 import guard_pb2 as pb
 
 from .conftest import AUTH, AUTH_ENV, Agent, config, model_span, request, span, trace_id_of
@@ -221,7 +221,7 @@ def test_a_sweep_costs_the_same_at_1k_and_10k_fresh_span_only_runs() -> None:
 
 
 def test_the_sweep_ends_exactly_the_idle_span_only_runs_from_each_tenants_stalest() -> None:
-    from guard.server._lifecycle import SPAN_ONLY_IDLE_S
+    from guard.server.runs._lifecycle import SPAN_ONLY_IDLE_S
 
     reg, clock = _registry(100)
     for i in range(6):

@@ -1,6 +1,6 @@
 """The Redis connection of the shared state: one script, bounded timeouts, one error type.
 
-Every call runs :data:`~guard.server._redis._lua.TENANT_LUA` by ``EVALSHA``; on ``NOSCRIPT``
+Every call runs :data:`~guard.server.tenants._redis_lua.TENANT_LUA` by ``EVALSHA``; on ``NOSCRIPT``
 (a restarted or failed-over Redis, ``SCRIPT FLUSH``) it is loaded and the call repeated: a
 NOSCRIPT reply means the script did not run, so the repeat cannot apply anything twice.
 Several calls go out as one pipeline, i.e. one round trip (redis-py's own ``Script`` in a
@@ -29,8 +29,9 @@ from redis.exceptions import NoScriptError, RedisError
 from redis.retry import Retry
 
 from guard.errors import StateUnavailable
-from guard.server._redis._lua import TENANT_LUA
+from guard.server.tenants._redis_lua import TENANT_LUA
 
+_c_pack: Callable[..., Any] | None
 try:
     from hiredis import pack_command as _c_pack
 except ImportError:  # pragma: no cover (redis[hiredis] is a dependency; Python packs then)
@@ -49,7 +50,7 @@ class _CPacked:
     def pack_command(self, *args: Any) -> list[bytes]:
         if type(args[0]) is str and " " not in args[0]:
             try:
-                return [_c_pack(args)]
+                return [_c_pack(args)]  # type: ignore[misc]  # only used with hiredis there
             except TypeError:
                 pass
         return super().pack_command(*args)  # type: ignore[misc]

@@ -4,11 +4,11 @@
 registry gets its own :class:`StateClient` (one connection pool to the shared Redis); a part
 with background work starts and closes with the guard (``Parts.start``/``close``).
 
-* tenant budgets: :class:`~guard.server._redis._shared.SharedTenantBudgets` (windows, slots and
+* tenant budgets: :class:`~guard.server.tenants._redis.SharedTenantBudgets` (windows, slots and
   allowance grants in Redis, a local view settled once per request);
-* the run directory: :class:`~guard.server._redis._directory.RedisDirectory`;
-* the directive bus: :class:`~guard.server._redis._bus.RedisBus`, which also carries the
-  fleet's ``GuardAdmin`` queries (:mod:`guard.server._redis._fleet`).
+* the run directory: :class:`~guard.server.directory._redis.RedisDirectory`;
+* the directive bus: :class:`~guard.server.bus._redis.RedisBus`, which also carries the
+  fleet's ``GuardAdmin`` queries (:mod:`guard.server.admin._fleet`).
 
 The budgets part closes the shared :class:`StateClient`; ``Parts.close`` closes the parts in
 reverse order, so it goes last.
@@ -16,14 +16,17 @@ reverse order, so it goes last.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from guard.server._parts import Parts, PartsFactory
-from guard.server._redis._bus import RedisBus
 from guard.server._redis._client import StateClient
-from guard.server._redis._directory import RedisDirectory
-from guard.server._redis._fleet import Fleet
-from guard.server._redis._shared import SharedTenantBudgets
+from guard.server.admin._fleet import Fleet
+from guard.server.bus._redis import RedisBus
+from guard.server.directory._redis import RedisDirectory
+from guard.server.tenants._redis import SharedTenantBudgets
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server.runs._registry import Registry
 
 __all__ = ["redis_parts"]
 
@@ -31,7 +34,7 @@ __all__ = ["redis_parts"]
 def redis_parts(config: Any, url: str, *, guard_id: str) -> PartsFactory:
     """A factory of the Redis-backed parts of the replica ``guard_id``."""
 
-    def build(registry: Any) -> Parts:
+    def build(registry: Registry) -> Parts:
         state = StateClient(url, socket_timeout_ms=config.guard.redis_timeout_ms)
         registry.state = state  # the replica's connection (metrics, Stats, tests)
         budgets = SharedTenantBudgets(registry, state)

@@ -1,0 +1,4 @@
+"""Record sinks the server can use without a store.
+
+Internal: import what you need from :mod:`guard.server`.
+"""

@@ -1,0 +1,6 @@
+# The native WAL line of one runs row (guard/store/_rowsnative.c): what a type checker reads
+# for the C extension. Its reference is guard/store/_rows.py _py_line.
+from typing import Any
+
+def line(fields: tuple[Any, ...], /) -> str | None: ...
+def configure(*name_types: type) -> None: ...
