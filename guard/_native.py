@@ -17,8 +17,8 @@ __all__ = ["NATIVE_PATHS", "native_built", "native_figures", "native_paths", "wa
 #: The native paths by name, each with the extension module that holds it.
 NATIVE_PATHS: dict[str, str] = {
     "policy": "guard.policy._speedups",  # fingerprints, loop detection, the record kernels
-    "decode": "guard.server._otlpnative",  # OTLP span requests into observations
-    "applier": "guard.server._applynative",  # the span path's loop over the observations
+    "decode": "guard.server.decode._otlpnative",  # OTLP span requests into observations
+    "applier": "guard.server.applier._applynative",  # the span path's loop over the observations
     "rows": "guard.store._rowsnative",  # the runs rows' WAL lines
 }
 
@@ -39,13 +39,13 @@ def _running_policy() -> bool:
 
 
 def _running_decode() -> bool:
-    from guard.server import _nativedecode
+    from guard.server.decode import _nativedecode
 
     return _nativedecode.available()
 
 
 def _running_applier() -> bool:
-    from guard.server import _nativeapply
+    from guard.server.applier import _nativeapply
 
     return _nativeapply.available()
 

@@ -49,7 +49,7 @@ export OTEL_GUARD_ASAN=1
 cd "$WORK/src"
 "$PY" - <<'EOF'
 import importlib, os, sys
-for name in ("guard.policy._speedups", "guard.server._otlpnative", "guard.server._applynative",
+for name in ("guard.policy._speedups", "guard.server.decode._otlpnative", "guard.server.applier._applynative",
              "guard.store._rowsnative"):
     m = importlib.import_module(name)
     if not m.__file__.startswith(os.getcwd()):

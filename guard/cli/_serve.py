@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
 
     if os.environ.get("OTEL_GUARD_PURE_PYTHON", "") == "1":
         from guard.policy import use_native
-        from guard.server import _nativedecode
+        from guard.server.decode import _nativedecode
         from guard.store import _rows
 
         use_native(False)

@@ -7,7 +7,7 @@
 
 /* ---- record kernels: the policy's per-span arithmetic on its own objects --------------------
  *
- * The guard's span path (guard/server/_applynative.c) records every span of the three common
+ * The guard's span path (guard/server/applier/_applynative.c) records every span of the three common
  * kinds through these (and checks a request's touched runs with budget_quiet), instead of through Budget.record_step / record_model_call,
  * LoopDetector.observe_action / end_step and Forecaster.observe. Each one does exactly what its
  * Python method does, in the same order and with the same Python arithmetic (PyNumber_*), on

@@ -1,5 +1,5 @@
 """The policy's record kernels (``_speedups.c``): its per-span arithmetic, for the guard's
-native span applier (``guard/server/_applynative.c``).
+native span applier (``guard/server/applier/_applynative.c``).
 
 Each kernel does what one method does, on that method's own object, and returns ``None``
 (having changed nothing) where the method must run instead:

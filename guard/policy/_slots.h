@@ -1,7 +1,7 @@
 /*
  * Reading and writing the __slots__ of Python objects from C, for the native paths that work
  * on the objects of exactly known classes (guard/policy/_speedups.c's record kernels and
- * guard/server/_applynative.c): a slot's offset is read once from its class's member table
+ * guard/server/applier/_applynative.c): a slot's offset is read once from its class's member table
  * (public API: the type's Py_tp_members, the PyMemberDef array __slots__ creates), then the
  * slot is one pointer in the object. The callers check every object's exact type against the
  * class the offsets came from.

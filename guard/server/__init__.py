@@ -1,8 +1,8 @@
 """The guard service: servicers that only adapt, over parts with explicit interfaces.
 
 One subpackage per part: ``otlp`` (the OTLP receivers and the fair intake queue),
-``decode`` (span decoding over one schema; the native decoder is ``_nativedecode``),
-``applier`` (observations applied to runs; the native loop is ``_nativeapply``), ``runs``
+``decode`` (span decoding over one schema; the native decoder is ``decode._nativedecode``),
+``applier`` (observations applied to runs; the native loop is ``applier._nativeapply``), ``runs``
 (the run table, per-run state, admission, run ends, re-registration), ``decisions`` (the
 decision router), ``control`` (the control stream and its fan-out), ``admin``
 (``GuardAdmin``), the shared-state parts ``tenants``, ``directory`` and ``bus`` (the

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 sp = pytest.importorskip("guard.policy._speedups")
-otlp = pytest.importorskip("guard.server._otlpnative")
-applyn = pytest.importorskip("guard.server._applynative")
+otlp = pytest.importorskip("guard.server.decode._otlpnative")
+applyn = pytest.importorskip("guard.server.applier._applynative")
 rows = pytest.importorskip("guard.store._rowsnative")
 
 from guard.policy import Budget, Forecaster, Limits, LoopDetector, LoopSettings, Usage  # noqa: E402
@@ -410,7 +410,7 @@ def test_bind_refuses_a_shadowed_slot() -> None:
 
 
 def _decode_module() -> Any:
-    from guard.server import _nativedecode
+    from guard.server.decode import _nativedecode
 
     return _nativedecode
 
@@ -541,7 +541,7 @@ def test_decode_with_no_room(max_spans: int) -> None:
 
 @pytest.fixture
 def native_side() -> Any:
-    from guard.server import _nativeapply
+    from guard.server.applier import _nativeapply
 
     if _nativeapply.applier() is None:
         pytest.skip("the native applier is off")
@@ -719,7 +719,7 @@ def test_conclude_survives_a_decide_that_empties_touched(native_side: Any) -> No
 
 
 def test_apply_configure_bounds_its_slots() -> None:
-    from guard.server import _nativeapply
+    from guard.server.applier import _nativeapply
     from guard.server.decode import _schema as s
 
     if _nativeapply.applier() is None:

@@ -24,7 +24,7 @@ from _hyp import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from guard.server import _nativeapply
+from guard.server.applier import _nativeapply
 from guard.server.applier._applier import SpanApplier
 from guard.server.decode import _schema as s
 from guard.server.decode._schema import Decoded, Observation

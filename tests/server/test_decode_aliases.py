@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from guard.semconv import AGGREGATE_OPERATIONS, USAGE_ATTRIBUTES, USAGE_KEYS
-from guard.server import _nativedecode, decode_spans
+from guard.server import decode_spans
+from guard.server.decode import _nativedecode
 from guard.server.decode._decode import decode_payload
 from guard.server.decode._schema import KEYS as _KEYS
 from guard.server.decode._schema import KIND_MODEL

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.common.v1 import common_pb2
 
 from guard.errors import InvalidInput
-from guard.server import _nativedecode
+from guard.server.decode import _nativedecode
 from guard.server.decode._decode import decode_payload, decode_slices
 from guard.server.decode._schema import (
     AGGREGATE_OPS,

@@ -32,7 +32,7 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from guard.server import _nativedecode
+from guard.server.decode import _nativedecode
 
 from .conftest import field, raw_request, raw_span
 from .test_native_decode import _answered, _full_parse_ok, _same

@@ -16,7 +16,8 @@ import pytest
 import guard
 from guard import _native
 from guard.policy import use_native
-from guard.server import GuardServer, _nativedecode
+from guard.server import GuardServer
+from guard.server.decode import _nativedecode
 from guard.store import _rows
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc

@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
 
 from guard.policy import native_available
-from guard.server import _nativedecode
+from guard.server.decode import _nativedecode
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
 

@@ -21,7 +21,7 @@ inlined in ``ingest``: this loop runs once per span.
 Foreign GenAI spans (no ``guard.run.id``) count for the run that owns their trace. A model
 call is counted once: see ``SeenCalls`` for the three ways a duplicate is recognised.
 
-The native applier (``_applynative.c``, see :mod:`guard.server._nativeapply`) runs this loop
+The native applier (``_applynative.c``, see :mod:`guard.server.applier._nativeapply`) runs this loop
 for the spans it answers for (tool, step and model spans of tracked runs of the caller's
 tenant, and run spans of connected runs), the loop below for the rest, and the request's end
 for the runs the decision may act on; ``SpanApplier(native=False)`` and
@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from guard.errors import InvalidInput
 from guard.policy import Phase, Usage
-from guard.server._nativeapply import applier
 from guard.server.applier._edge import SpanEdges
 from guard.server.applier._host import SpanHost, Touched
 from guard.server.applier._host import flush as _flush
+from guard.server.applier._nativeapply import applier
 from guard.server.decisions._router import _forecast_due
 from guard.server.decode._schema import (
     ACTION_FP,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from guard.server import _nativedecode as native
+from guard.server.decode import _nativedecode as native
 from guard.server.decode._pydecode import decode_spans, parse_request, request_spans
 from guard.server.decode._schema import Decoded, Observation
 

@@ -35,7 +35,7 @@ class NativeApplier(NamedTuple):
 
 _NATIVE: ModuleType | None
 try:
-    from guard.server import _applynative as _NATIVE
+    from guard.server.applier import _applynative as _NATIVE
 except ImportError:  # pragma: no cover - installed without a C compiler
     _NATIVE = None
 

@@ -19,7 +19,7 @@ __all__ = ["available", "decode", "set_enabled"]
 
 _NATIVE: ModuleType | None
 try:
-    from guard.server import _otlpnative as _NATIVE
+    from guard.server.decode import _otlpnative as _NATIVE
 except ImportError:  # pragma: no cover - installed without a C compiler
     _NATIVE = None
 

@@ -26,7 +26,7 @@
 #include <Python.h>
 #include <structmember.h>
 
-#include "../policy/_slots.h"
+#include "../../policy/_slots.h"
 
 enum {
     R_TENANT, R_SEQ_GATE, R_SEEN, R_BUDGET, R_LOOP, R_FORECASTER, R_STEP_TOOLS, R_LAST_TOOL,
@@ -536,7 +536,7 @@ static PyMethodDef methods[] = {
 
 
 /* Multi-phase initialisation (PEP 489). The configuration (configure(), called once by
- * guard/server/_nativeapply.py) is process-wide, so the module is one per process: not loaded
+ * guard/server/applier/_nativeapply.py) is process-wide, so the module is one per process: not loaded
  * into subinterpreters, and it keeps the GIL (3.13 free threading). */
 static PyModuleDef_Slot module_slots[] = {
 

@@ -1,4 +1,4 @@
-# The native span applier (guard/server/_applynative.c).
+# The native span applier (guard/server/applier/_applynative.c).
 from collections.abc import Callable
 from typing import Any
 

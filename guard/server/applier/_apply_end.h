@@ -1,5 +1,5 @@
 /*
- * The request's end in the native span applier (included by guard/server/_applynative.c: one
+ * The request's end in the native span applier (included by guard/server/applier/_applynative.c: one
  * translation unit, sharing its configuration, kernel() and rank_of()): the tool calls
  * counted per run flushed into the budgets, and the touched runs concluded.
  */

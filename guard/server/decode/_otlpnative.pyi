@@ -1,4 +1,4 @@
-# The native decode of OTLP span requests (guard/server/_otlpnative.c).
+# The native decode of OTLP span requests (guard/server/decode/_otlpnative.c).
 from typing import Any
 
 def configure(*args: object) -> None: ...

@@ -522,7 +522,7 @@ static int module_exec(PyObject *m) {
 }
 
 /* Multi-phase initialisation (PEP 489). The configuration, the string cache and the last trace
- * id are process-wide (configure() is called once, by guard/server/_nativedecode.py), so the
+ * id are process-wide (configure() is called once, by guard/server/decode/_nativedecode.py), so the
  * module is one per process: not loaded into subinterpreters, and it keeps the GIL (3.13
  * free threading: the string cache is shared by every call). */
 static PyModuleDef_Slot module_slots[] = {
