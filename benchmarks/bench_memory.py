@@ -80,7 +80,7 @@ async def measure(n: int) -> dict:
         {"runs": {"max_steps": 50, "max_tokens": 200_000, "max_cost_usd": 5.0}}
     )
     registry = Registry(config, NullSink(), guard_id="bench")
-    session = AgentSession("s", None, registry.log)
+    session = AgentSession("s", None, registry.log, registry.clock)
     registry.hello(session, pb.Hello(process_id="p", tenant="acme"), ANONYMOUS)
     # inputs are built before measuring: they are the wire's memory, not the registry's
     starts = [
