@@ -271,8 +271,7 @@ class _StreamUsage:
             else:
                 from langchain_core.messages.ai import add_usage
 
-                # a dict of UsageMetadata's keys (the isinstance check narrowed it to dict)
-                self.meta = add_usage(self.meta, meta)  # type: ignore[arg-type]
+                self.meta = add_usage(self.meta, meta)
         if self.response_id is None:
             self.response_id = _response_id(chunk)
 

@@ -164,7 +164,7 @@ class GuardedModel(WrapperModel):
             ) as stream:
                 yield stream
             return
-        stream = None  # type: ignore[assignment]  # bound by the async with before it is read
+        stream = None  # bound by the async with before it is read
         try:
             with call.attached():
                 async with self.wrapped.request_stream(

@@ -64,7 +64,7 @@ def enable() -> None:
         from langgraph.errors import GraphBubbleUp
         from langgraph.pregel import Pregel
     except ImportError:  # LangChain alone: chat models and tools only
-        Pregel = None  # type: ignore[misc, assignment]  # no graph class to wrap then
+        Pregel = None  # no graph class to wrap then
     else:
         if not issubclass(GraphRunStopped, GraphBubbleUp):
             GraphRunStopped = type(  # type: ignore[misc, assignment]  # the public name stays; isinstance(RunStopped) holds

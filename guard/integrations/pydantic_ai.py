@@ -52,7 +52,7 @@ def enable() -> None:
     from pydantic_ai import Agent
 
     orig = Agent.__dict__["iter"]
-    Agent.iter = _wrap_iter(orig)  # type: ignore[method-assign]
+    Agent.iter = _wrap_iter(orig)
     _patched.append((Agent, "iter", orig))
 
 
