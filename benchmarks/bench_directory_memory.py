@@ -35,7 +35,7 @@ def _run(i: int) -> RunState:
         trace_id=b"",
         started_at=0.0,
         budget=Budget(limits),
-        loop=None,
+        detector=None,
         forecaster=None,
         soft=None,
     )

@@ -8,8 +8,9 @@ decision router), ``control`` (the control stream and its fan-out), ``admin``
 (``GuardAdmin``), the shared-state parts ``tenants``, ``directory`` and ``bus`` (the
 interfaces in ``_parts``; each in memory and in Redis, the replicas' connection in
 ``_redis``), ``sinks`` and ``runtime`` (auth, the error -> gRPC status boundary, metrics, the
-collector's pauses). ``_app`` builds the guard from its parts. Protobuf messages are built
-through :mod:`guard.wire`; ``import guard.server`` does not load the store (records live in
+collector's pauses). ``_compose`` is the one composition root that builds a guard from its
+parts, and ``_app`` starts, drains and stops it. Protobuf messages are built through
+:mod:`guard.wire`; ``import guard.server`` does not load the store (records live in
 :mod:`guard.records`).
 """
 

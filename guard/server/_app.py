@@ -24,32 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
 
 from guard._native import native_figures
 from guard.errors import ConfigError, GuardUnavailable
 from guard.policy import MetricsSettings, PolicyConfig
-from guard.server._parts import parts_for
-from guard.server.admin._admin import AdminServicer
+from guard.server._compose import assemble, guard_metrics, http_receiver, register_services
 from guard.server.control._clocks import skew_figures
 from guard.server.control._fanout import AgentSession
-from guard.server.control._stream import ControlServicer
-from guard.server.control._stream import add_to_server as add_control
-from guard.server.otlp._grpc import SERVICE_NAME as OTLP_SERVICE
-from guard.server.otlp._grpc import trace_service_handler
-from guard.server.otlp._intake import SpanIntake
 from guard.server.runs._lifecycle import Readiness
-from guard.server.runs._registry import Registry
-from guard.server.runtime._auth import Authenticator
-from guard.server.runtime._fair import TenantTurns
-from guard.server.runtime._looplag import LoopLag
 from guard.server.runtime._ordered import OrderedSet
-from guard.server.runtime._safe import add_safely
 from guard.server.sinks._memory import NullSink
-from guard.v1 import guard_pb2, guard_pb2_grpc
-from guard.wire import policy_to_pb
 
 __all__ = [
     "DEFAULT_DRAIN_S",
@@ -147,24 +132,23 @@ class GuardServer:
                     "policy file or pass --insecure-bind-any",
                     path="auth",
                 )
-        self.auth = Authenticator(self.config.auth, environ)
         # one replica of several when a Redis URL is given (serve --redis), else one process
         self.redis_url = check_redis_url(redis_url) if redis_url else None
-        parts = parts_for(self.config, redis_url=self.redis_url, guard_id=self.guard_id)
-        self.registry = Registry(self.config, self.sink, guard_id=self.guard_id, parts=parts)
-        self.policy_pb = policy_to_pb(self.config)
-        self.turns = TenantTurns()  # one sliced control message per tenant at a time
-        # every span request of both transports: admitted per tenant, applied in slices
-        self.intake = SpanIntake(
-            self.registry.ingest, self.config.guard.max_queued_span_bytes, self.registry.stats
+        built = assemble(
+            self.config,
+            self.sink,
+            guard_id=self.guard_id,
+            environ=environ,
+            redis_url=self.redis_url,
         )
+        self.auth, self.registry, self.intake = built.auth, built.registry, built.intake
+        self.turns, self.policy_pb = built.turns, built.policy_pb
+        self._health, self.loop_lag = built.health, built.loop_lag
         self.draining = False
         self.port = 0
         self._server: grpc.aio.Server | None = None
-        self._health = HealthServicer()
         self._sessions: OrderedSet[AgentSession] = OrderedSet()
         self._sweeper: asyncio.Task[None] | None = None
-        self.loop_lag = LoopLag()
         self._stopped: asyncio.Event | None = None
         self.export_refusals: Counter[str] = Counter()  # whole Export requests, by status
         self.metrics_settings = metrics if metrics is not None else self.config.guard.metrics
@@ -225,19 +209,7 @@ class GuardServer:
             ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((trace_service_handler(self),))
-        # request bodies that do not parse get INVALID_ARGUMENT, not UNKNOWN and a traceback
-        add_safely(add_control, ControlServicer(self), server)  # batches go out as bytes
-        add_safely(guard_pb2_grpc.add_GuardAdminServicer_to_server, AdminServicer(self), server)
-        add_safely(health_pb2_grpc.add_HealthServicer_to_server, self._health, server)
-        names = (
-            OTLP_SERVICE,
-            guard_pb2.DESCRIPTOR.services_by_name["GuardControl"].full_name,
-            guard_pb2.DESCRIPTOR.services_by_name["GuardAdmin"].full_name,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        )
-        reflection.enable_server_reflection(names, server)
+        names = register_services(server, self, self._health)
         if self.tls is not None:
             creds = _server_credentials(self.tls)
             port = server.add_secure_port(self.listen, creds)
@@ -247,21 +219,12 @@ class GuardServer:
             raise GuardUnavailable(f"could not bind {self.listen}")
         self.port = port
         if self.metrics_settings.enabled:  # before serving: a bad metrics address stops here
-            from guard.server.runtime._metrics import GuardMetrics
-
-            self.metrics = GuardMetrics(self, self.metrics_settings).start()
+            self.metrics = guard_metrics(self, self.metrics_settings)
         self.registry.metrics = self.metrics  # the shared state reports through it
         await self.registry.parts.start()  # shared state first: admissions need it
         self.intake.start()
         if self.http_listen:  # after the parts (it ingests at once), before reporting ready
-            from guard.server.otlp._http import HttpReceiver, server_ssl_context
-
-            ctx = None
-            if self.tls is not None:
-                ctx = server_ssl_context(self.tls.cert, self.tls.key, self.tls.client_ca)
-            self.http = HttpReceiver(
-                self, self.http_listen, max_body_bytes=self.max_message_bytes, ssl_context=ctx
-            )
+            self.http = http_receiver(self, self.http_listen, self.max_message_bytes, self.tls)
             await self.http.start(grace_s=self.drain_s / 2)
         await server.start()
         self._server = server

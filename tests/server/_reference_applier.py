@@ -143,7 +143,7 @@ class ReferenceApplier(SpanApplier):
             if o[ACTION_FP]:
                 run.last_action_hash = o[ACTION_FP]
                 try:
-                    verdict = run.loop.observe_action(o[ACTION_FP], o[RESULT_HASH])
+                    verdict = run.detector.observe_action(o[ACTION_FP], o[RESULT_HASH])
                 except ValueError as exc:
                     raise _Refused(str(exc)) from None
             return Phase.AFTER_TOOL_BATCH, verdict
@@ -151,7 +151,7 @@ class ReferenceApplier(SpanApplier):
             try:
                 run.budget.record_step()
                 usage.steps += 1
-                verdict = run.loop.end_step(
+                verdict = run.detector.end_step(
                     state=o[STATE_HASH], progress=o[PROGRESS], acted=run.step_tools > 0
                 )
                 index = o[STEP_INDEX] or run.budget.usage().steps
@@ -184,10 +184,10 @@ class ReferenceApplier(SpanApplier):
                 raise _Refused(str(exc)) from None
             run.step_input_tokens += o[IN]
             run.step_tokens += o[IN] + o[OUT]
-            run.tokens_used += o[IN] + o[OUT]
+            run.gate_tokens += o[IN] + o[OUT]
             if cost is not None:
                 run.step_cost += cost
-                run.cost_used += cost
+                run.gate_cost_usd += cost
                 usage.cost_usd = (usage.cost_usd or 0.0) + cost
             if o[MODEL]:
                 run.model = o[MODEL]

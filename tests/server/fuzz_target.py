@@ -153,7 +153,7 @@ def violations(registry: Registry) -> list[str]:
     for run in registry.runs.values():
         u = run.budget.usage()
         counts = (u.steps, u.model_calls, u.tool_calls, u.input_tokens, u.output_tokens)
-        if min(counts) < 0 or _bad_number(u.cost_usd) or _bad_number(run.cost_used):
+        if min(counts) < 0 or _bad_number(u.cost_usd) or _bad_number(run.gate_cost_usd):
             out.append(f"run {run.run_id[:40]!r}: usage {u}")
     budgets = registry.budgets
     for name in budgets.known():

@@ -168,7 +168,7 @@ class NativeSide(Side):
     def state(self) -> dict[str, Any]:
         out = super().state()
         for run_id, run in self.reg.runs.items():
-            loop, fc, budget = run.loop, run.forecaster, run.budget
+            loop, fc, budget = run.detector, run.forecaster, run.budget
             out["runs"][run_id] += (
                 budget.seq,
                 dataclasses.asdict(budget.usage()),

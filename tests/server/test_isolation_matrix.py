@@ -40,8 +40,8 @@ def _snapshot(srv: GuardServer, sink: Any, b: Agent) -> Any:
                 r.detached_at,
                 r.parent_run_id,
                 r.session is not None and r.session.tenant,
-                r.tokens_used,
-                r.cost_used,
+                r.gate_tokens,
+                r.gate_cost_usd,
             )
         )
     records = [(o.run_id, o.tenant, o.status, o.reason) for o in sink.runs if o.tenant == "globex"]

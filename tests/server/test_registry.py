@@ -191,4 +191,4 @@ def test_a_signed_result_hash_is_counted_not_a_failed_batch():
         reg.ingest(decode_request(request(tool_span("signed", tid, fp, result="-1"))), ANONYMOUS)
     run = reg.runs["signed"]
     assert run.budget.usage().tool_calls == 2
-    assert run.loop.hits == 1  # the same call with the same (hashed) result: warned
+    assert run.detector.hits == 1  # the same call with the same (hashed) result: warned

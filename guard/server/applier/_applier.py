@@ -211,7 +211,7 @@ class SpanApplier(SpanEdges):
                 if fp:
                     run.last_action_hash = fp
                     try:
-                        verdict = run.loop.observe_action(fp, o[RESULT_HASH])
+                        verdict = run.detector.observe_action(fp, o[RESULT_HASH])
                     except InvalidInput as exc:  # refused, as before: the call still counts
                         run.budget.record_tool_calls(1, attempts=attempts)
                         usage.tool_calls += 1
@@ -233,7 +233,7 @@ class SpanApplier(SpanEdges):
                 try:
                     budget.record_step()
                     usage.steps += 1
-                    verdict = run.loop.end_step(
+                    verdict = run.detector.end_step(
                         state=o[STATE_HASH], progress=o[PROGRESS], acted=run.step_tools > 0
                     )
                     index = o[STEP_INDEX] or budget.usage().steps
@@ -278,10 +278,10 @@ class SpanApplier(SpanEdges):
                 total = inp + out
                 run.step_input_tokens += inp
                 run.step_tokens += total
-                run.tokens_used += total
+                run.gate_tokens += total
                 if cost is not None:
                     run.step_cost += cost
-                    run.cost_used += cost
+                    run.gate_cost_usd += cost
                     usage.cost_usd = (usage.cost_usd or 0.0) + cost
                 if model:
                     run.model = model

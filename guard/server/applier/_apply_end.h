@@ -101,10 +101,10 @@ static int forecast_due(PyObject *run) {
     Py_DECREF(budget);
     if (limits == NULL) return -1;
     if ((tokens = PyObject_GetAttr(limits, s_max_tokens)) == NULL) goto done;
-    if (tokens != Py_None) { /* tokens - run.tokens_used <= span * max(last_step_tokens, 1) */
+    if (tokens != Py_None) { /* tokens - run.gate_tokens <= span * max(last_step_tokens, 1) */
         if ((lst = slot_get(run, off_r[R_LAST_STEP_TOKENS])) == NULL) goto done;
         if ((gt = PyObject_RichCompareBool(k_one, lst, Py_GT)) < 0) goto done;
-        if ((used = slot_get(run, off_r[R_TOKENS_USED])) == NULL) goto done;
+        if ((used = slot_get(run, off_r[R_GATE_TOKENS])) == NULL) goto done;
         if ((left = PyNumber_Subtract(tokens, used)) == NULL) goto done;
         if ((room = PyNumber_Multiply(k_span, gt ? k_one : lst)) == NULL) goto done;
         if ((rc = PyObject_RichCompareBool(left, room, Py_LE)) != 0) goto done;
@@ -116,12 +116,12 @@ static int forecast_due(PyObject *run) {
     }
     if ((cost = PyObject_GetAttr(limits, s_max_cost)) == NULL) goto done;
     rc = 0;
-    if (cost == Py_None) goto done; /* cost - run.cost_used <= span * step_cost, step_cost > 0 */
+    if (cost == Py_None) goto done; /* cost - run.gate_cost_usd <= span * step_cost, step_cost > 0 */
     rc = -1;
     if ((lst = slot_get(run, off_r[R_LAST_STEP_COST])) == NULL) goto done;
     if ((rc = PyObject_RichCompareBool(lst, k_zero, Py_GT)) <= 0) goto done;
     rc = -1;
-    if ((used = slot_get(run, off_r[R_COST_USED])) == NULL) goto done;
+    if ((used = slot_get(run, off_r[R_GATE_COST])) == NULL) goto done;
     if ((left = PyNumber_Subtract(cost, used)) == NULL) goto done;
     if ((room = PyNumber_Multiply(k_span, lst)) == NULL) goto done;
     rc = PyObject_RichCompareBool(left, room, Py_LE);

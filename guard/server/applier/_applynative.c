@@ -29,15 +29,15 @@
 #include "../../policy/_slots.h"
 
 enum {
-    R_TENANT, R_SEQ_GATE, R_SEEN, R_BUDGET, R_LOOP, R_FORECASTER, R_STEP_TOOLS, R_LAST_TOOL,
-    R_LAST_ACTION, R_STEP_INPUT, R_STEP_TOKENS, R_TOKENS_USED, R_STEP_COST, R_COST_USED,
+    R_TENANT, R_SEQ_GATE, R_SEEN, R_BUDGET, R_DETECTOR, R_FORECASTER, R_STEP_TOOLS, R_LAST_TOOL,
+    R_LAST_ACTION, R_STEP_INPUT, R_STEP_TOKENS, R_GATE_TOKENS, R_STEP_COST, R_GATE_COST,
     R_MODEL, R_LAST_STEP_TOKENS, R_LAST_STEP_COST, R_LAST_STEP, R_SESSION, R_DETACHED_AT,
     R_STOP_REASON, R_SOFT, R_PARENT, R_TOUCHED_AT, R_FORECAST_WARNED, NR
 };
 static const char *const run_slots[NR] = {
-    "tenant", "seq_gate", "seen", "budget", "loop", "forecaster", "step_tools", "last_tool",
-    "last_action_hash", "step_input_tokens", "step_tokens", "tokens_used", "step_cost",
-    "cost_used", "model", "last_step_tokens", "last_step_cost", "last_step", "session",
+    "tenant", "seq_gate", "seen", "budget", "detector", "forecaster", "step_tools", "last_tool",
+    "last_action_hash", "step_input_tokens", "step_tokens", "gate_tokens", "step_cost",
+    "gate_cost_usd", "model", "last_step_tokens", "last_step_cost", "last_step", "session",
     "detached_at", "stop_reason", "soft", "parent", "touched_at", "forecast_warned"};
 enum { T_PHASE, T_VERDICT, T_TOOLS, T_ATTEMPTS, NT };
 enum { U_TOOLS, U_ATTEMPTS, NU }; /* the tenant usage's fields flush() adds to */
@@ -259,7 +259,7 @@ static int tool_span(fields *sp, PyObject *run, PyObject *touched, PyObject **en
     t = PyObject_IsTrue(fp);
     if (t < 0) return -1;
     if (t) {
-        if ((loop = SLOT(run, off_r[R_LOOP])) == NULL) return 0;
+        if ((loop = SLOT(run, off_r[R_DETECTOR])) == NULL) return 0;
         Py_INCREF(loop);
         args[0] = loop, args[1] = fp, args[2] = F(O_RESULT_HASH);
         rc = kernel(K_LOOP_OBSERVE, args, 3, &quiet);
@@ -298,7 +298,7 @@ fail:
 static int step_span(fields *sp, PyObject *run, PyObject *usage, PyObject *touched,
                      PyObject **entry) {
     PyObject *index = F(O_STEP_INDEX), *tokens = SLOT(run, off_r[R_STEP_INPUT]);
-    PyObject *loop = SLOT(run, off_r[R_LOOP]), *fc = SLOT(run, off_r[R_FORECASTER]);
+    PyObject *loop = SLOT(run, off_r[R_DETECTOR]), *fc = SLOT(run, off_r[R_FORECASTER]);
     PyObject *budget = SLOT(run, off_r[R_BUDGET]), *seq = NULL, *verdict = NULL, *done = NULL;
     PyObject *args[4], *v;
     int rc, acted;
@@ -371,8 +371,8 @@ static int model_span(fields *sp, PyObject *run, PyObject *usage, PyObject *touc
     if (has_model < 0) return -1;
     if (cost == Py_None && has_model) return 0; /* priced by the policy's price book */
     if (!SLOT(run, off_r[R_BUDGET]) || !SLOT(run, off_r[R_STEP_INPUT]) ||
-        !SLOT(run, off_r[R_STEP_TOKENS]) || !SLOT(run, off_r[R_TOKENS_USED]) ||
-        !SLOT(run, off_r[R_STEP_COST]) || !SLOT(run, off_r[R_COST_USED]))
+        !SLOT(run, off_r[R_STEP_TOKENS]) || !SLOT(run, off_r[R_GATE_TOKENS]) ||
+        !SLOT(run, off_r[R_STEP_COST]) || !SLOT(run, off_r[R_GATE_COST]))
         return 0;
     budget = Py_NewRef(SLOT(run, off_r[R_BUDGET]));
     args[0] = budget, args[1] = usage, args[2] = in, args[3] = out;
@@ -385,11 +385,11 @@ static int model_span(fields *sp, PyObject *run, PyObject *usage, PyObject *touc
     if (total == NULL) return -1;
     rc = slot_add(run, off_r[R_STEP_INPUT], in) < 0 ||
          slot_add(run, off_r[R_STEP_TOKENS], total) < 0 ||
-         slot_add(run, off_r[R_TOKENS_USED], total) < 0;
+         slot_add(run, off_r[R_GATE_TOKENS], total) < 0;
     Py_DECREF(total);
     if (rc) return -1;
     if (cost != Py_None && (slot_add(run, off_r[R_STEP_COST], cost) < 0 ||
-                            slot_add(run, off_r[R_COST_USED], cost) < 0))
+                            slot_add(run, off_r[R_GATE_COST], cost) < 0))
         return -1;
     if (has_model) slot_set(run, off_r[R_MODEL], model);
     return touch(touched, run, entry, after_model, Py_None, k_zero, k_zero) < 0 ? -1 : 1;

@@ -60,11 +60,11 @@ def _forecast_due(run: RunState, limits: Any) -> bool:
     """
     span = FORECAST_HORIZON_STEPS + 2
     tokens = limits.max_tokens
-    if tokens is not None and tokens - run.tokens_used <= span * max(run.last_step_tokens, 1):
+    if tokens is not None and tokens - run.gate_tokens <= span * max(run.last_step_tokens, 1):
         return True
     cost = limits.max_cost_usd
     step_cost = run.last_step_cost
-    return cost is not None and step_cost > 0 and cost - run.cost_used <= span * step_cost
+    return cost is not None and step_cost > 0 and cost - run.gate_cost_usd <= span * step_cost
 
 
 def decision_record(

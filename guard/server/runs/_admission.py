@@ -289,7 +289,7 @@ class Admission(RunPart):
             trace_id=trace,
             started_at=started_at,
             budget=budget,
-            loop=LoopDetector(limits.loop),
+            detector=LoopDetector(limits.loop),
             forecaster=Forecaster(),
             soft=SoftLevel(),
             session=session,

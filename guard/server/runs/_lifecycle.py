@@ -135,7 +135,7 @@ class Lifecycle(RunPart):
             trace_id=run.trace_id.hex(),
             last_tool=run.last_tool,
             last_action_hash=run.last_action_hash,
-            loop_hits=run.loop.hits,
+            loop_hits=run.detector.hits,
             decided_by=decided_by,
             price_book_version=self.config.prices.version or "",
             started_at=run.started_at,

@@ -70,8 +70,8 @@ class Rejoin(RunPart):
         instant), so adding through the parent chain would count the children twice; for
         the same reason only a root run's usage goes to the tenant's windows."""
         run.budget.restore(u)
-        run.tokens_used = u.input_tokens + u.output_tokens
-        run.cost_used = u.cost_usd or 0.0
+        run.gate_tokens = u.input_tokens + u.output_tokens
+        run.gate_cost_usd = u.cost_usd or 0.0
         if run.parent is None:
             self.budgets.restore(run.tenant, u)
 
@@ -161,7 +161,7 @@ class Rejoin(RunPart):
         run.budget = Budget(
             limits, parent=run.parent.budget if run.parent else None, clock=self.clock
         )
-        run.loop = LoopDetector(limits.loop)
+        run.detector = LoopDetector(limits.loop)
         self.table.add(run, span_only=True)
         self.stats["remote_runs"] = self.stats.get("remote_runs", 0) + 1
         if kept:

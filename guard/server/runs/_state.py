@@ -130,17 +130,18 @@ class RunState:
         "admitted",
         "agent",
         "budget",
-        "cost_used",
         "detached_at",
+        "detector",
         "end_hint",
         "forecast_warned",
         "forecaster",
+        "gate_cost_usd",
+        "gate_tokens",
         "last_action_hash",
         "last_step",
         "last_step_cost",
         "last_step_tokens",
         "last_tool",
-        "loop",
         "loop_warned",
         "model",
         "parent",
@@ -161,7 +162,6 @@ class RunState:
         "stop_detail",
         "stop_reason",
         "tenant",
-        "tokens_used",
         "touched_at",
         "trace_id",
     )
@@ -176,7 +176,7 @@ class RunState:
         trace_id: bytes,
         started_at: float,
         budget: Any,
-        loop: Any,
+        detector: Any,
         forecaster: Any,
         soft: Any,
         session: Any = None,
@@ -192,7 +192,7 @@ class RunState:
         self.trace_id = trace_id
         self.started_at = started_at  # Unix seconds
         self.budget = budget
-        self.loop = loop
+        self.detector = detector  # the LoopDetector
         self.forecaster = forecaster
         self.soft = soft
         self.session = session  # AgentSession or None (span-only or detached)
@@ -204,9 +204,10 @@ class RunState:
         self.step_input_tokens = 0
         self.step_tools = 0
         self.last_step = 0
-        # cheap running totals, only to decide whether the forecast is worth computing
-        self.tokens_used = 0
-        self.cost_used = 0.0
+        # Cheap running totals, only for the forecast gate (is a forecast worth computing?).
+        # The budget holds the real usage; these never decide a stop.
+        self.gate_tokens = 0
+        self.gate_cost_usd = 0.0
         self.step_tokens = 0
         self.step_cost = 0.0
         self.last_step_tokens = 0
