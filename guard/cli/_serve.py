@@ -51,10 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "printed at start and in --json as http_address",
     )
     parser.add_argument("--config", default=None, help="policy file (YAML)")
-    parser.add_argument(
+    _env_option(
+        parser,
         "--clickhouse",
-        default=os.environ.get("OTEL_GUARD_CLICKHOUSE_DSN") or None,
-        help="store DSN, e.g. http://user:pass@host:8123/ (env OTEL_GUARD_CLICKHOUSE_DSN, "
+        "OTEL_GUARD_CLICKHOUSE_DSN",
+        "store DSN, e.g. http://user:pass@host:8123/ (env OTEL_GUARD_CLICKHOUSE_DSN, "
         "which keeps a password off the command line)",
     )
     parser.add_argument(
@@ -72,19 +73,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drain-s", type=float, default=10.0, help="graceful drain bound on SIGTERM (seconds)"
     )
-    parser.add_argument(
+    _env_option(
+        parser,
         "--guard-id",
-        default=os.environ.get("OTEL_GUARD_ID") or None,
-        help="this replica's id in records and metrics (env OTEL_GUARD_ID; default: "
+        "OTEL_GUARD_ID",
+        "this replica's id in records and metrics (env OTEL_GUARD_ID; default: "
         "hostname plus a random suffix)",
     )
-    parser.add_argument(
+    _env_option(
+        parser,
         "--redis",
-        default=os.environ.get("OTEL_GUARD_REDIS_URL") or None,
-        metavar="URL",
-        help="redis://HOST:PORT/DB or rediss://…: this guard is one replica of several that "
+        "OTEL_GUARD_REDIS_URL",
+        "redis://HOST:PORT/DB or rediss://…: this guard is one replica of several that "
         "share tenant budgets, the run directory and directives through Redis (env "
         "OTEL_GUARD_REDIS_URL; default: one process, state in memory)",
+        metavar="URL",
     )
     parser.add_argument(
         "--record-claim-ttl-s",
@@ -120,6 +123,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument("--json", action="store_true", help="print the bound address as JSON")
+
+
+def _env_option(parser: argparse.ArgumentParser, flag: str, env: str, help: str, **kw: Any) -> None:
+    """A flag whose default is the environment variable ``env`` (set but empty: no default),
+    so a secret such as a DSN's password can stay off the command line."""
+    parser.add_argument(flag, default=os.environ.get(env) or None, help=help, **kw)
 
 
 def http_listen(args: argparse.Namespace) -> str | None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-__all__ = ["Report", "query_report", "report_from_pb", "report_to_pb"]
+__all__ = ["Report", "ReportQuery", "query_report", "report_from_pb", "report_to_pb"]
 
 ROW_FIELDS = (
     "status", "reason", "runs", "steps", "tokens", "cost_usd",
@@ -35,6 +35,16 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [dict(r) for r in self.rows], "series": [dict(p) for p in self.series]}
+
+
+class ReportQuery(TypedDict, total=False):
+    """The keywords of :func:`query_report`, for the read paths that hand them on."""
+
+    since: float | None
+    until: float | None
+    tenant: str | None
+    agent: str | None
+    bucket_s: int
 
 
 def _where(

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from guard.errors import ConfigError, StoreError
 from guard.policy._types import Outcome
@@ -19,7 +19,7 @@ from guard.store._diskfull import DiskState, RecordNotDurable
 from guard.store._dsn import Dsn, connect, parse_dsn
 from guard.store._enginelog import forget_uncommitted_blocks
 from guard.store._records import DecisionRecord
-from guard.store._reporting import Report, query_report
+from guard.store._reporting import Report, ReportQuery, query_report
 from guard.store._rows import dead_letter_row, decision_row, encode_row, run_line
 from guard.store._schema import migrate
 from guard.store._wal import Spool, Wal, lock_dir, recover_to_spool
@@ -78,7 +78,7 @@ def open_store(
     return store
 
 
-def read_report(dsn: str | None, *, data_dir: Path | str, **query: Any) -> Report:
+def read_report(dsn: str | None, *, data_dir: Path | str, **query: Unpack[ReportQuery]) -> Report:
     """One report without a running guard (``otel-guard report --clickhouse``/fallback).
 
     A server DSN is read with a plain client: no WAL, no spool, no data-dir lock, so it
@@ -435,35 +435,22 @@ class Store:
 
     # -- read path ------------------------------------------------------------------------
 
-    def report(
-        self,
-        *,
-        since: float | None = None,
-        until: float | None = None,
-        tenant: str | None = None,
-        agent: str | None = None,
-        bucket_s: int = 60,
-    ) -> Report:
-        """Stop-reason distribution and time series from ``stop_reasons_1m``."""
+    def report(self, **query: Unpack[ReportQuery]) -> Report:
+        """Stop-reason distribution and time series from ``stop_reasons_1m`` (the keywords
+        of :func:`~guard.store._reporting.query_report`)."""
         try:
             with self._read_lock:
-                if self._read_client is None:
-                    self._read_client = connect(self.dsn)
-                return query_report(
-                    self._read_client,
-                    self.database,
-                    since=since,
-                    until=until,
-                    tenant=tenant,
-                    agent=agent,
-                    bucket_s=bucket_s,
-                )
+                return query_report(self._reader_locked(), self.database, **query)
         except Exception as ex:
             raise StoreError(f"report from {self.dsn.redacted()} failed: {ex}") from ex
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """Run a read query on the store's engine (tests, dashboards checks, the demo)."""
         with self._read_lock:
-            if self._read_client is None:
-                self._read_client = connect(self.dsn)
-            return self._read_client.query(sql, parameters=parameters).result_rows
+            return self._reader_locked().query(sql, parameters=parameters).result_rows
+
+    def _reader_locked(self) -> Any:
+        """The read path's client, connected on first use (under ``_read_lock``)."""
+        if self._read_client is None:
+            self._read_client = connect(self.dsn)
+        return self._read_client

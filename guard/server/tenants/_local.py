@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from guard.server.tenants._interface import Spent, TenantsHost, Verdict
     from guard.v1 import guard_pb2 as pb
 
-__all__ = ["LocalTenantBudgets", "Tenants"]
+__all__ = ["AllowanceHooks", "LocalTenantBudgets", "Tenants"]
 
 MAX_TENANTS = 10_000
 
@@ -106,7 +106,26 @@ class Tenants:
         )
 
 
-class LocalTenantBudgets:
+class AllowanceHooks:
+    """The allowance hooks of the ``TenantBudgets`` seam, handed to its allowance desk
+    (``allowances``): the in-memory one, or a replica's grants out of the fleet's windows."""
+
+    allowances: Any
+
+    def on_admit(self, run: RunState, session: AgentSession) -> None:
+        self.allowances.on_admit(run, session)
+
+    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal) -> Any:
+        return self.allowances.request(session, req, principal)
+
+    def observe(self, runs: Any) -> None:
+        self.allowances.observe(runs)
+
+    def renew(self) -> None:
+        self.allowances.renew()
+
+
+class LocalTenantBudgets(AllowanceHooks):
     """One process's tenant budgets: :class:`Tenants` (windows and slots) and
     :class:`~guard.server.tenants._allowances.Allowances` (grants), in memory. The
     :class:`~guard.server.tenants._interface.TenantBudgets` of one guard, and the local view of
@@ -119,7 +138,7 @@ class LocalTenantBudgets:
         from guard.server.tenants._allowances import Allowances
 
         self.tenants = Tenants(registry.config, clock=registry.clock)
-        self.allowances = Allowances(registry, self.tenants)
+        self.allowances: Allowances = Allowances(registry, self.tenants)
 
     # -- runs ------------------------------------------------------------------------------
     def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
@@ -153,24 +172,12 @@ class LocalTenantBudgets:
     def budget(self, tenant: str) -> TenantBudget | None:
         return self.tenants.budget(tenant)
 
-    # -- allowances ------------------------------------------------------------------------
-    def on_admit(self, run: RunState, session: AgentSession) -> None:
-        self.allowances.on_admit(run, session)
-
-    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal) -> Any:
-        return self.allowances.request(session, req, principal)
-
-    def observe(self, runs: Any) -> None:
-        self.allowances.observe(runs)
-
+    # -- allowances (on_admit, request, observe, renew: AllowanceHooks) ---------------------
     def release(self, run: RunState, outcome: Outcome | None = None) -> None:
         self.allowances.release(run, outcome)
 
     def late_span(self, o: Observation, scope: str | None, spent: dict[str, Usage]) -> bool:
         return self.allowances.late_span(o, scope, spent)
-
-    def renew(self) -> None:
-        self.allowances.renew()
 
     async def sync(self) -> None:
         """Nothing to settle: this process is the only one."""

@@ -23,25 +23,9 @@
   tenant's spend passes a window's limit only by usage no grant covered (an estimate that was
   too low, a run that did not ask).
 
-**Redis unreachable** (:class:`~guard.errors.StateUnavailable`, fast: see ``StateClient``):
-the replica enforces its own local windows and caps (fail-open), logs the outage once and
-counts it (``Stats`` ``redis_fail_open_periods``, the ``otel_guard.fail_open.*`` metrics),
-and keeps what it counted meanwhile (usage, admissions) in a
-:class:`~guard.server._redis.PendingUsage`. With ``guard.fail_closed: true`` new runs are
-denied instead (reason ``error``: the tenant's budget is not what is short, and a
-``tenant_budget`` denial would tell its operator to wait for a window that is not full);
-live runs go on under the local windows. On the first answer after the outage the pending
-usage is reconciled into Redis once (it leaves the buffer only when Redis acknowledged it)
-and the live runs' slots are claimed again. Slots freed during the outage lapse with their
-lease.
-
-**A blip is not an outage.** For the first :data:`HOLD_S` of an outage (one reply slower
-than the client's timeout, a Redis failover) new admissions, allowance asks and ended runs'
-frees wait for Redis (retried every :data:`_DOWN_TICK_S` once the client's fast-fail pause is
-over) instead of being answered from this replica's own view: that view has neither the
-other replicas' spend nor the grants the fleet holds, so its answers would grant the tenant's
-window a second time. Only a longer outage is answered locally (fail-open, as above). An
-agent that stops waiting first falls back on its own (counted by the SDK).
+**Redis unreachable** (fail-open, or ``guard.fail_closed``) and **a blip is not an outage**
+(admissions and asks wait up to ``HOLD_S`` for Redis): the outage half of this class,
+:class:`~guard.server.tenants._redis_outage.FailOpen`.
 
 **Redis restarted empty** (no persistence) loses: the windows' history (they restart from
 what the replicas reconcile: from zero at worst); the outstanding grants (runs keep their
@@ -61,21 +45,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from guard.errors import StateUnavailable
-from guard.policy import CONTINUE, Action, Decision, Reason, Usage
+from guard.policy import Decision, Usage
 from guard.server.tenants._interface import Spent, Verdict
-from guard.server.tenants._local import LocalTenantBudgets
+from guard.server.tenants._local import AllowanceHooks, LocalTenantBudgets
 from guard.server.tenants._redis_budgets import RecordBatch, RedisTenantBudgets
 from guard.server.tenants._redis_grants import FleetDesk
+from guard.server.tenants._redis_outage import HOLD_S, FailOpen
 from guard.server.tenants._redis_pending import PendingUsage
 from guard.wire import tenant_budget_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.policy import TenantBudget
     from guard.server._redis._client import Call, StateClient
-    from guard.server.control._fanout import AgentSession
     from guard.server.decode._schema import Observation
     from guard.server.runs._state import RunState
-    from guard.server.runtime._auth import Principal
     from guard.server.tenants._interface import TenantsHost
     from guard.v1 import guard_pb2 as pb
 
@@ -84,13 +67,10 @@ __all__ = ["HOLD_S", "SharedTenantBudgets"]
 log = logging.getLogger("guard.server")
 _TICK_S = 0.5  # the background task settles queued work (ends from the sweep) this often
 _DOWN_TICK_S = 0.1  # and this often while Redis is down (the client fails fast meanwhile)
-# An outage younger than this is a blip: admissions and asks wait for Redis (the client's
-# fast-fail pause, StateClient.retry_after_s = 0.5 s, is over before it: one retry at least)
-HOLD_S = 1.0
 _STATS = ("fail_open_periods", "fail_open_admits", "fail_closed_denials", "reconciled_tenants")
 
 
-class SharedTenantBudgets:
+class SharedTenantBudgets(AllowanceHooks, FailOpen):
     """``TenantBudgets`` of a replica (``serve --redis``); see the module docstring."""
 
     settles = True  # sync() is where the fleet's verdicts come from
@@ -108,7 +88,7 @@ class SharedTenantBudgets:
         self.pending = PendingUsage()
         self.down = False  # Redis did not answer the last call (fail-open until it does)
         self.down_since = 0.0  # when the outage began (monotonic)
-        self.fleet = FleetDesk(self)  # grants out of the fleet's windows
+        self.allowances: FleetDesk = FleetDesk(self)  # grants out of the fleet's windows
         self._usage: dict[str, Usage] = {}  # queued deltas, one per tenant
         self._admits: list[tuple[str, str, Verdict, Any]] = []
         self._ends: dict[str, Call] = {}  # run id -> the call freeing its slot and grant
@@ -134,19 +114,6 @@ class SharedTenantBudgets:
     def restore(self, tenant: str, usage: Usage) -> None:
         self.local.record(tenant, usage)  # the fleet counted it already (where the run was)
 
-    # -- allowances: grants out of the fleet's windows ------------------------------------
-    def on_admit(self, run: RunState, session: AgentSession) -> None:
-        self.fleet.on_admit(run, session)
-
-    def request(self, session: AgentSession, req: pb.AllowanceRequest, principal: Principal) -> Any:
-        return self.fleet.request(session, req, principal)
-
-    def observe(self, runs: Any) -> None:
-        self.fleet.observe(runs)
-
-    def renew(self) -> None:
-        self.fleet.renew()
-
     # -- runs ------------------------------------------------------------------------------
     def admit(self, tenant: str, run_id: str, then: Verdict, *, grant: Spent = None) -> None:
         """The local view first (this replica's own slots and windows are a part of the
@@ -156,25 +123,23 @@ class SharedTenantBudgets:
         if verdict.stop:
             then(verdict)
         elif self.fail_closed and not self.remote.healthy:
-            self.local.tenants.run_ended(tenant)
-            self.registry.stats["redis_fail_closed_denials"] += 1
-            then(self._unavailable())
+            then(self._closed_denial(tenant))
         else:
-            if grant is not None and not self.fleet.tracked(tenant):
+            if grant is not None and not self.allowances.tracked(tenant):
                 grant = None
             self._admits.append((tenant, run_id, then, grant))
 
     def run_ended(self, tenant: str, run_id: str = "") -> None:
         self.local.tenants.run_ended(tenant)
         if run_id:  # a registration that did not make a run: its slot and first grant
-            self.fleet.held.pop(run_id, None)
+            self.allowances.held.pop(run_id, None)
             if run_id in self._kept:
                 return  # the slot was held before it (the run lives on elsewhere): not ours
             self._ends[run_id] = self.remote.release_call(tenant, run_id, free_slot=True)
 
     def release(self, run: RunState, outcome: Any = None) -> None:
         self.local.release(run, outcome)
-        call = self.fleet.release(run, outcome)  # _finish: every way out, once per run
+        call = self.allowances.release(run, outcome)  # _finish: every way out, once per run
         if call is not None:
             self._ends[run.run_id] = call
 
@@ -233,19 +198,12 @@ class SharedTenantBudgets:
             exhausted=st.exhausted is not None,
         )
 
-    @property
-    def local_answers(self) -> bool:
-        """Whether this replica's own view answers admissions and allowance asks: only once
-        Redis has been unreachable for ``HOLD_S`` (a real outage: fail-open, or fail_closed).
-        Before that (a blip: one slow reply, a failover of Redis) they wait for Redis."""
-        return self.down and time.monotonic() - self.down_since >= HOLD_S
-
     # -- settling with Redis ---------------------------------------------------------------
     async def sync(self) -> None:
         """Send what is queued (ended runs, admissions, every tenant's usage and its runs'
         spend, allowance asks) in one pipeline and apply the replies; on an outage, fall
-        back (module docstring)."""
-        fleet = self.fleet
+        back (``FailOpen``)."""
+        fleet = self.allowances
         if not (self._usage or self._admits or self._ends or fleet.busy):
             return
         usage, self._usage = self._usage, {}
@@ -273,7 +231,7 @@ class SharedTenantBudgets:
             for t, u in usage.items():
                 self.pending.add(t, u)
             if not self.local_answers:
-                # A blip (module docstring): admissions, asks and ends wait for the next sync.
+                # A blip (``FailOpen``): admissions, asks and ends wait for the next sync.
                 # Retrying is safe: an admit of a run holding its slot keeps it, a repeated
                 # grant only grants more.
                 self._admits[:0] = admits
@@ -311,76 +269,6 @@ class SharedTenantBudgets:
             fleet.answered(ask, next(replies))
         if self.down:
             await self._recovered()
-
-    def _resolve(self, then: Verdict, verdict: Decision) -> None:
-        # another stream's registration may be resolved here: its failure is not this one's
-        try:
-            then(verdict)
-        except Exception:
-            log.exception("guard: applying a tenant's admission verdict failed")
-
-    def _fail_open_admit(self, tenant: str, then: Verdict) -> None:
-        if self.fail_closed:
-            self.local.tenants.run_ended(tenant)
-            self.registry.stats["redis_fail_closed_denials"] += 1
-            self._resolve(then, self._unavailable())
-            return
-        self.registry.stats["redis_fail_open_admits"] += 1
-        self.pending.add(tenant, runs=1)  # its admission goes into the runs windows later
-        self._resolve(then, CONTINUE)
-
-    def _unavailable(self) -> Decision:
-        where = self.remote.client.url.rsplit("@", 1)[-1].split("://", 1)[-1]  # no password
-        return Decision(
-            Action.STOP,
-            reason=Reason.ERROR,
-            message=f"tenant budgets unavailable: redis {where} unreachable (guard.fail_closed)",
-        )
-
-    def _telemetry(self) -> Any:
-        metrics = getattr(self.registry, "metrics", None)  # set by GuardServer when enabled
-        return None if metrics is None else metrics.redis()
-
-    def _unreachable(self, exc: BaseException) -> None:
-        telemetry = self._telemetry()
-        if telemetry is not None:
-            telemetry.error(type(exc.__cause__ or exc).__name__)
-            telemetry.fail_open(True)
-        if self.down:
-            return  # logged and counted once per outage
-        self.down = True
-        self.down_since = time.monotonic()
-        self.registry.stats["redis_fail_open_periods"] += 1
-        mode = "denying new runs (guard.fail_closed)" if self.fail_closed else "fail-open"
-        log.warning(
-            "tenant budgets: %s; enforcing this replica's local windows, %s, until it answers",
-            exc,
-            mode,
-        )
-
-    async def _recovered(self) -> None:
-        """Redis answers again: reconcile what was counted meanwhile (once), claim again
-        the live runs' slots."""
-        self.down = False
-        telemetry = self._telemetry()
-        if telemetry is not None:
-            telemetry.fail_open(False)
-        live = self._live()
-        try:
-            n = await self.pending.flush(self.remote, lambda t: live.get(t, ()))
-            await self.remote.heartbeat(live, claim=True)
-        except StateUnavailable as exc:
-            self._unreachable(exc)
-            return
-        self.registry.stats["redis_reconciled_tenants"] += n
-        log.warning("tenant budgets: redis answers again; reconciled %d tenants", n)
-
-    def _live(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for run in self.registry.runs.values():
-            if run.admitted:
-                out.setdefault(run.tenant, []).append(run.run_id)
-        return out
 
     # -- background ------------------------------------------------------------------------
     async def start(self) -> None:
