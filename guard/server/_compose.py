@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -45,6 +45,15 @@ from guard.server.runtime._looplag import LoopLag
 from guard.server.runtime._safe import add_safely
 from guard.v1 import guard_pb2, guard_pb2_grpc
 from guard.wire import policy_to_pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._app import GuardServer
+    from guard.server._host import GuardHost
+
+    def _conforms(server: GuardServer) -> GuardHost:
+        """Never called: the type checker holds the server to the host its servicers see."""
+        return server
+
 
 __all__ = ["Assembly", "assemble", "guard_metrics", "http_receiver", "register_services"]
 
@@ -93,7 +102,7 @@ def assemble(
     )
 
 
-def register_services(server: grpc.aio.Server, app: Any, health: HealthServicer) -> list[str]:
+def register_services(server: grpc.aio.Server, app: GuardHost, health: HealthServicer) -> list[str]:
     """Add every service to ``server`` over the host ``app`` (the :class:`GuardServer`).
 
     Returns the full names of OTLP, GuardControl, GuardAdmin and health, in that order (the
@@ -115,7 +124,7 @@ def register_services(server: grpc.aio.Server, app: Any, health: HealthServicer)
     return names
 
 
-def http_receiver(app: Any, listen: str, max_body_bytes: int, tls: Any) -> Any:
+def http_receiver(app: GuardHost, listen: str, max_body_bytes: int, tls: Any) -> Any:
     """OTLP/HTTP on ``listen`` beside the gRPC port, over the same intake (TLS as gRPC's)."""
     from guard.server.otlp._http import HttpReceiver, server_ssl_context
 
@@ -125,7 +134,7 @@ def http_receiver(app: Any, listen: str, max_body_bytes: int, tls: Any) -> Any:
     return HttpReceiver(app, listen, max_body_bytes=max_body_bytes, ssl_context=ctx)
 
 
-def guard_metrics(app: Any, settings: MetricsSettings) -> Any:
+def guard_metrics(app: GuardHost, settings: MetricsSettings) -> Any:
     """The guard's OpenTelemetry metrics, started (a bad exporter address fails here)."""
     from guard.server.runtime._metrics import GuardMetrics
 

@@ -10,7 +10,7 @@ that yield to the event loop.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -28,6 +28,9 @@ from guard.wire import (
     stats_response_to_pb,
     tenant_budgets_response_to_pb,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._host import GuardHost
 
 __all__ = ["AdminServicer", "local_statuses", "run_status"]
 
@@ -90,7 +93,7 @@ def run_status(run: RunState, guard_id: str = "") -> pb.RunStatus:
 
 
 class AdminServicer(guard_pb2_grpc.GuardAdminServicer):
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: GuardHost) -> None:
         self.app = app
 
     def _principal(self, context: grpc.aio.ServicerContext) -> Principal:

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -56,6 +56,9 @@ from guard.wire import (
     take_encoded,
     welcome_to_pb,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._host import GuardHost
 
 __all__ = [
     "HELLO_CHECK_SLICE",
@@ -157,7 +160,7 @@ _parse = pb.AgentMessage.FromString
 
 
 class ControlServicer(guard_pb2_grpc.GuardControlServicer):
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: GuardHost) -> None:
         self.app = app
         _memtrim.tune_allocator()  # memory of large refused messages goes back (see there)
 

@@ -11,7 +11,7 @@ the OTLP ``partial_success`` field, the standard way to say "some of these were 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
@@ -20,6 +20,9 @@ from guard.errors import GuardError, GuardUnavailable
 from guard.server.otlp._intake import SLICE_SPANS
 from guard.server.runtime._auth import Principal
 from guard.server.runtime._status import abort_for, status_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._host import GuardHost
 
 __all__ = [
     "CHUNK_SPANS",
@@ -35,7 +38,7 @@ SERVICE_NAME = "opentelemetry.proto.collector.trace.v1.TraceService"
 _OK = otlp.ExportTraceServiceResponse().SerializeToString()
 
 
-async def ingest_export(app: Any, data: bytes, principal: Principal) -> tuple[int, list[str]]:
+async def ingest_export(app: GuardHost, data: bytes, principal: Principal) -> tuple[int, list[str]]:
     """The one ingest path of both OTLP transports (gRPC here, HTTP in ``_http``).
 
     Hands one serialized ``ExportTraceServiceRequest`` of ``principal`` to the span intake
@@ -61,7 +64,7 @@ def export_response(rejected: int, errors: list[str]) -> otlp.ExportTraceService
     return resp
 
 
-def trace_service_handler(app: Any) -> grpc.GenericRpcHandler:
+def trace_service_handler(app: GuardHost) -> grpc.GenericRpcHandler:
     """Build the TraceService handler bound to a GuardServer-like ``app``.
 
     ``app`` provides ``auth`` (Authenticator), ``registry``, ``intake`` (SpanIntake),

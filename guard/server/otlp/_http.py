@@ -49,7 +49,7 @@ import ssl
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from aiohttp import web
@@ -67,6 +67,9 @@ from guard.server.otlp._httpconn import (
     failure,
 )
 from guard.server.runtime._status import Overloaded, status_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._host import GuardHost
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -138,7 +141,7 @@ class HttpReceiver:
 
     def __init__(
         self,
-        app: Any,
+        app: GuardHost,
         listen: str,
         *,
         max_body_bytes: int,

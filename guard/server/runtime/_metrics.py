@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -38,6 +38,9 @@ from guard.policy import MetricsSettings, Reason
 from guard.policy._telemetry import split_host_port
 from guard.server.control._clocks import skew_figures
 from guard.store._records import DecisionRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from guard.server._host import GuardHost
 
 __all__ = ["NO_REDIS_TELEMETRY", "OTHER_TENANTS", "GuardMetrics", "RedisTelemetry", "top_tenants"]
 
@@ -135,7 +138,7 @@ class GuardMetrics:
     """The metrics of one GuardServer (``app``). ``start()`` on the server's loop; ``shutdown``
     exports a last time (OTLP) and closes the scrape endpoint."""
 
-    def __init__(self, app: Any, settings: MetricsSettings) -> None:
+    def __init__(self, app: GuardHost, settings: MetricsSettings) -> None:
         self.app = app
         self.settings = settings
         self.address: str | None = None  # HOST:PORT of the scrape endpoint once started
