@@ -22,7 +22,8 @@ CPU figure is the steadier one on a shared machine. ``--gc guard`` (the default)
 with the collector tuned as in ``otel-guard serve``, the process the store lives in.
 
 ``run_line``: the WAL line of a ``runs`` row alone, native (``_rowsnative``) against the
-Python fast path, CPU per record. ``dedup``: the cost of the exactly-once check per 10k-record
+Python fast path and against msgspec (``_msgspec_line``: the library that could stand in for
+the C), CPU per record. ``dedup``: the cost of the exactly-once check per 10k-record
 batch with 1M runs already stored (the committed-run-id filter plus the ClickHouse lookup of
 what it cannot rule out, next to asking ClickHouse about every id). ``queries``: the p95 of
 the report and dashboard-style queries over 1M seeded runs.
@@ -380,15 +381,19 @@ def bench_dedup(data_dir: Path, seed: int, batches: int = 10, batch: int = 10_00
 
 
 def bench_run_line(n: int, trials: int) -> dict:
-    """``run_line`` alone (the WAL line of a ``runs`` row), native against ``_py_line``,
-    interleaved over the trials: CPU microseconds per record of the calling thread."""
+    """``run_line`` alone (the WAL line of a ``runs`` row), native against ``_py_line`` and
+    against msgspec (checked and unchecked, ``_msgspec_line``), interleaved over the trials:
+    CPU microseconds per record of the calling thread."""
+    from _msgspec_line import lines
+
     recs = outcomes(n, time.time(), prefix="line")
-    samples: dict[str, list[float]] = {"native": [], "python": []}
+    candidates = lines()
+    samples: dict[str, list[float]] = {"native": [], "python": [], **{k: [] for k in candidates}}
     for _ in range(trials):
         for name in samples:
             before = _rows.use_native(name == "native")
             try:
-                line, t0 = _rows.run_line, time.thread_time()
+                line, t0 = candidates.get(name, _rows.run_line), time.thread_time()
                 for o in recs:
                     line(o)
                 samples[name].append((time.thread_time() - t0) / n * 1e6)
@@ -399,6 +404,7 @@ def bench_run_line(n: int, trials: int) -> dict:
         "native_built": _rows._NATIVE is not None,
         "cpu_us_per_record": {k: round(v, 2) for k, v in med.items()},
         "speedup_median": round(med["python"] / med["native"], 2),
+        "msgspec_over_native": round(med["msgspec"] / med["native"], 2),
     }
 
 
