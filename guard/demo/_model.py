@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 __all__ = ["DEMO_PRICES", "ModelReply", "ScriptedModel"]
 
@@ -34,31 +34,27 @@ class ModelReply:
     text: str
 
 
+@dataclass
 class ScriptedModel:
     """Deterministic fake model: growing context, scripted output size, simulated latency.
 
     ``base_tokens`` is the first prompt (system + task); every round appends ``delta_tokens``
     of history (the previous answer and tool results), which is what makes long runs burn
-    tokens quadratically.
+    tokens quadratically. ``seed`` seeds the latency jitter and the output sizes.
     """
 
-    def __init__(
-        self,
-        model: str = "gpt-4.1-mini",
-        *,
-        base_tokens: int = 900,
-        delta_tokens: int = 250,
-        output_tokens: int = 120,
-        latency_s: float = 0.05,
-        seed: int | None = None,
-    ) -> None:
-        self.model = model
-        self.base_tokens = base_tokens
-        self.delta_tokens = delta_tokens
-        self.output_tokens = output_tokens
-        self.latency_s = latency_s
-        self.rounds = 0
-        self._rng = random.Random(seed)
+    model: str = "gpt-4.1-mini"
+    _: KW_ONLY
+    base_tokens: int = 900
+    delta_tokens: int = 250
+    output_tokens: int = 120
+    latency_s: float = 0.05
+    seed: int | None = None
+    rounds: int = field(default=0, init=False)
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
 
     def price(self, input_tokens: int, output_tokens: int) -> float:
         usd_in, usd_out = DEMO_PRICES.get(self.model, (1.0, 4.0))

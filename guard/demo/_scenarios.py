@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import guard
 from guard.demo._model import ScriptedModel
@@ -71,13 +71,34 @@ async def draft(section: str) -> str:
     return f"draft of {section}"
 
 
-def _record(step: Any, reply: Any) -> None:
+def _record(step: Any, reply: Any, cost_usd: float | None = None) -> None:
+    """The reply's usage, at its own price unless ``cost_usd`` says otherwise."""
     step.model_call(
         model=reply.model,
         input_tokens=reply.input_tokens,
         output_tokens=reply.output_tokens,
-        cost_usd=reply.cost_usd,
+        cost_usd=reply.cost_usd if cost_usd is None else cost_usd,
     )
+
+
+async def _keep_producing(
+    model: ScriptedModel,
+    prompt: str,
+    tool: Callable[[str], Awaitable[Any]],
+    arg: str,
+    fact: str,
+    *,
+    cost_usd: float | None = None,
+) -> NoReturn:
+    """The loop of a runaway that never runs dry: round ``i`` (from 1) asks the model
+    ``prompt``, calls ``tool(arg)`` and reports the new ``fact``, each formatted with ``i``."""
+    i = 0
+    while True:
+        i += 1
+        with guard.step() as step:
+            _record(step, await model.complete(prompt.format(i=i)), cost_usd)
+            await tool(arg.format(i=i))
+            step.progress(facts=[fact.format(i=i)])
 
 
 # -------------------------------------------------------------------------------- agents
@@ -97,13 +118,9 @@ async def healthy(n: int, *, steps: int = 3, pause_s: float = 0.15) -> str:
 async def never_stops(n: int) -> str:
     """Keeps exploring, each step new and 'useful': only max_steps ends it."""
     model = ScriptedModel("gpt-4.1-mini", seed=n, latency_s=0.04)
-    i = 0
-    while True:
-        i += 1
-        with guard.step() as step:
-            _record(step, await model.complete(f"plan more {i}"))
-            await kb_search(f"angle {i} of the market study")
-            step.progress(facts=[f"angle:{i}"])
+    await _keep_producing(
+        model, "plan more {i}", kb_search, "angle {i} of the market study", "angle:{i}"
+    )
 
 
 async def ab_oscillation(n: int) -> str:
@@ -145,25 +162,15 @@ async def stagnation(n: int) -> str:
 async def token_burner(n: int) -> str:
     """Resends the whole growing history each round: input tokens grow quadratically."""
     model = ScriptedModel("gpt-4.1", seed=n, base_tokens=2_000, delta_tokens=1_500, latency_s=0.08)
-    i = 0
-    while True:
-        i += 1
-        with guard.step() as step:
-            _record(step, await model.complete("summarise the whole thread again"))
-            await draft(f"section {i}")
-            step.progress(facts=[f"sections:{i}"])
+    await _keep_producing(
+        model, "summarise the whole thread again", draft, "section {i}", "sections:{i}"
+    )
 
 
 async def cost_burner(n: int) -> str:
     """An expensive reasoning model with long outputs: dollars, not tokens, run out first."""
     model = ScriptedModel("o3", seed=n, base_tokens=4_000, delta_tokens=200, output_tokens=1_500)
-    i = 0
-    while True:
-        i += 1
-        with guard.step() as step:
-            _record(step, await model.complete("think harder"))
-            await draft(f"proof attempt {i}")
-            step.progress(facts=[f"attempt:{i}"])
+    await _keep_producing(model, "think harder", draft, "proof attempt {i}", "attempt:{i}")
 
 
 async def slow_tool(n: int) -> str:
@@ -180,19 +187,14 @@ async def slow_tool(n: int) -> str:
 async def budget_spender(n: int, *, cost_per_step_usd: float = 0.04) -> str:
     """A batch job that spends steadily: the tenant's hourly budget stops it, not its own."""
     model = ScriptedModel("gpt-4.1", seed=n, latency_s=0.2)
-    i = 0
-    while True:
-        i += 1
-        with guard.step() as step:
-            reply = await model.complete(f"enrich record batch {i}")
-            step.model_call(
-                model=reply.model,
-                input_tokens=reply.input_tokens,
-                output_tokens=reply.output_tokens,
-                cost_usd=cost_per_step_usd,
-            )
-            await kb_search(f"batch {n} record {i}")
-            step.progress(facts=[f"records:{i}"])
+    await _keep_producing(
+        model,
+        "enrich record batch {i}",
+        kb_search,
+        f"batch {n} record {{i}}",
+        "records:{i}",
+        cost_usd=cost_per_step_usd,
+    )
 
 
 async def long_support(n: int, *, max_rounds: int = 400) -> str:

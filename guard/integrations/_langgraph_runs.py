@@ -131,26 +131,25 @@ def _agent(graph: Any) -> str:
     return name if isinstance(name, str) and name else "LangGraph"
 
 
-def wrap_graph_stream(orig: Callable[..., Any], *, bubble: Callable[[RunStopped], Any]) -> Any:
-    """``Pregel.stream`` driven by :func:`iter_in_run`."""
+def _wrap(orig: Callable[..., Any], drive: Callable[[str, Callable[[], Any]], Any]) -> Any:
+    """``orig`` (a graph method that returns its run's iterator) as ``drive(agent, make)``:
+    the graph's name and the call that makes the iterator."""
 
     @functools.wraps(orig)
-    def stream(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        make = functools.partial(orig, self, *args, **kwargs)
-        return _bubbling(iter_in_run(_agent(self), make), bubble)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return drive(_agent(self), functools.partial(orig, self, *args, **kwargs))
 
-    return stream
+    return wrapped
+
+
+def wrap_graph_stream(orig: Callable[..., Any], *, bubble: Callable[[RunStopped], Any]) -> Any:
+    """``Pregel.stream`` driven by :func:`iter_in_run`."""
+    return _wrap(orig, lambda agent, make: _bubbling(iter_in_run(agent, make), bubble))
 
 
 def wrap_graph_astream(orig: Callable[..., Any], *, bubble: Callable[[RunStopped], Any]) -> Any:
     """``Pregel.astream`` driven by :func:`aiter_in_run`."""
-
-    @functools.wraps(orig)
-    def astream(self: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        make = functools.partial(orig, self, *args, **kwargs)
-        return _abubbling(aiter_in_run(_agent(self), make), bubble)
-
-    return astream
+    return _wrap(orig, lambda agent, make: _abubbling(aiter_in_run(agent, make), bubble))
 
 
 def _bubbling(it: Iterator[Any], bubble: Callable[[RunStopped], Any]) -> Iterator[Any]:

@@ -22,6 +22,7 @@ from guard.policy._decide import utilisation as _utilisation
 from guard.policy._escalation import Escalations, triggers
 from guard.policy._reservation import Reservation, Reserving, plain_counts, plain_money
 from guard.policy._reservation import check_count as _count
+from guard.policy._reservation import check_model_call as _model_call
 from guard.policy._reservation import check_money as _money
 from guard.policy._restore import Restorable
 from guard.policy._types import Decision, Limits, Phase, Reason, Usage
@@ -148,19 +149,16 @@ class Budget(Escalations, Reserving, Restorable):
     ) -> int:
         """One model call. ``input_tokens`` include cached, ``output_tokens`` reasoning.
         Returns its record number."""
-        # Hot path (every model span the guard ingests): plain non-negative ints pass on one
-        # exact type test; anything else gets the full check (and its error message).
-        if not plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens):
-            _count("input_tokens", input_tokens)
-            _count("output_tokens", output_tokens)
-            _count("reasoning_tokens", reasoning_tokens)
-            _count("cached_tokens", cached_tokens)
-        if cost_usd is None:
-            cost = None
-        elif plain_money(cost_usd):
-            cost = cost_usd
-        else:
-            cost = _money("cost_usd", cost_usd)
+        # Hot path (every model span the guard ingests): plain non-negative ints and a plain
+        # cost pass on one exact type test; anything else gets the full check (and its error
+        # message).
+        cost = cost_usd
+        if not plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens) or (
+            cost is not None and not plain_money(cost)
+        ):
+            cost = _model_call(
+                input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
+            )
         with self._lock:
             self._add_model_call_locked(
                 input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost

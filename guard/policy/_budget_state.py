@@ -47,17 +47,6 @@ class BudgetState:
     ) -> None:
         raise NotImplementedError
 
-    def record_model_call(
-        self,
-        *,
-        input_tokens: int = 0,
-        output_tokens: int = 0,
-        reasoning_tokens: int = 0,
-        cached_tokens: int = 0,
-        cost_usd: float | None = None,
-    ) -> int:
-        raise NotImplementedError
-
     def record_tool_calls(
         self, n: int = 1, *, attempts: int | None = None, cost_usd: float | None = None
     ) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from guard.policy._decide import decide as _decide
-from guard.policy._reservation import plain_counts, plain_money
+from guard.policy._reservation import check_model_call, plain_counts, plain_money
 from guard.policy._types import Action, Decision, Limits, Phase
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -232,19 +232,10 @@ class Escalations(_Host):
         if not (
             plain_counts(input_tokens, output_tokens, reasoning_tokens, cached_tokens)
             and (cost_usd is None or plain_money(cost_usd))
-        ):
-            seq = self.record_model_call(  # validates (raises) and records
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                reasoning_tokens=reasoning_tokens,
-                cached_tokens=cached_tokens,
-                cost_usd=cost_usd,
+        ):  # the full check (raises before anything is freed or recorded)
+            cost_usd = check_model_call(
+                input_tokens, output_tokens, reasoning_tokens, cached_tokens, cost_usd
             )
-            if settles is not None:
-                # Recorded first, then freed: for an instant both count (never oversold).
-                settles.release()
-            with self._lock:
-                return seq, self._escalation_locked(_AFTER_MODEL, None, rank)
         with self._lock:
             if settles is not None and not settles.done:
                 settles.done = True

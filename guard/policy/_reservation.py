@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from guard.errors import BudgetExceeded, InvalidInput
@@ -15,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 else:
     _Host = object  # the mixin's base at run time
 
-__all__ = ["Reservation", "Reserving", "check_count", "check_money"]
+__all__ = ["Reservation", "Reserving", "check_count", "check_model_call", "check_money"]
 
 
 def check_count(name: str, v: object) -> int:
@@ -50,28 +51,32 @@ def check_money(name: str, v: object) -> float:
     return float(v)
 
 
+def check_model_call(
+    input_tokens: Any, output_tokens: Any, reasoning_tokens: Any, cached_tokens: Any, cost_usd: Any
+) -> float | None:
+    """The full check of a model call's usage, for what fails the hot paths' one-look tests
+    (:func:`plain_counts`, :func:`plain_money`): raises on the first bad value, in argument
+    order, and returns the cost as a float (``None``: unpriced)."""
+    check_count("input_tokens", input_tokens)
+    check_count("output_tokens", output_tokens)
+    check_count("reasoning_tokens", reasoning_tokens)
+    check_count("cached_tokens", cached_tokens)
+    return None if cost_usd is None else check_money("cost_usd", cost_usd)
+
+
+@dataclass(slots=True, eq=False)  # compared by identity: a budget's list removes this one
 class Reservation:
     """An estimate held against a budget (and its ancestors) until settled or released.
 
     Use as a context manager: leaving the block releases the estimate unless ``settle`` ran.
     """
 
-    __slots__ = ("_budget", "cost_usd", "done", "expires_at", "tokens", "tool_calls")
-
-    def __init__(
-        self,
-        budget: Reserving,
-        tokens: int,
-        cost_usd: float,
-        tool_calls: int,
-        expires_at: float | None,
-    ) -> None:
-        self._budget = budget
-        self.tokens = tokens
-        self.cost_usd = cost_usd
-        self.tool_calls = tool_calls
-        self.expires_at = expires_at
-        self.done = False
+    _budget: Reserving
+    tokens: int
+    cost_usd: float
+    tool_calls: int
+    expires_at: float | None
+    done: bool = field(default=False, init=False)
 
     def settle(
         self,

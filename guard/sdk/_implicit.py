@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from guard.errors import BudgetExceeded
 from guard.sdk._reserve import (
+    HeldEstimate,
     budget_stop,
     current_reservation,
     tenant_check,
@@ -145,29 +146,18 @@ class Means:
             held.close()
 
 
-class ImplicitReservation:
+class ImplicitReservation(HeldEstimate):
     """The estimate a step holds: settled by a model call of its context (``take``, as a
     ``step.reserve`` block's is), released when the step ends. Never raises on close."""
 
-    __slots__ = ("_res", "_token", "cost_usd", "run", "settled", "tokens")
+    __slots__ = ()
 
     def __init__(
         self, run: LiveRun, res: Reservation, cost_usd: float, tokens: int, *, current: bool = True
     ) -> None:
-        self.run = run
-        self.cost_usd = cost_usd
-        self.tokens = tokens
-        self.settled = False
-        self._res: Reservation | None = res
-        # current: this context's reservation (the step's own, set when it is entered)
-        self._token: Any = current_reservation.set(self) if current else None
-
-    def take(self) -> Reservation | None:
-        """For the model call that settles it (once): the budget reservation."""
-        if self.settled:
-            return None
-        self.settled = True
-        return self._res
+        super().__init__(run, cost_usd, tokens, res)
+        if current:  # this context's reservation (the step's own, set when it is entered)
+            self._token = current_reservation.set(self)
 
     def close(self) -> None:
         """No longer this context's reservation; the estimate is freed unless settled."""

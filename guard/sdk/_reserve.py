@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Ceilings",
+    "HeldEstimate",
     "StepReservation",
     "budget_stop",
     "current_reservation",
@@ -282,19 +283,36 @@ def pending_tenant_stop(run: LiveRun, detail: str) -> None:
 
 
 # -- step.reserve ----------------------------------------------------------------------------
-class StepReservation:
-    """``step.reserve(...)``: an estimate held from entering the block until a model call
-    settles it or the block is left (then released). Sync and async context manager."""
+class HeldEstimate:
+    """An estimate a model call of its context settles (:data:`current_reservation`): what
+    ``step.reserve`` and a step's implicit estimate (``_implicit``) share. ``_res`` is the
+    budget reservation, ``_token`` the context variable's while it is the current one."""
 
     __slots__ = ("_res", "_token", "cost_usd", "run", "settled", "tokens")
 
-    def __init__(self, run: LiveRun | None, cost_usd: float, tokens: int) -> None:
+    def __init__(
+        self, run: LiveRun | None, cost_usd: float, tokens: int, res: Reservation | None = None
+    ) -> None:
         self.run = run
         self.cost_usd = cost_usd
         self.tokens = tokens
         self.settled = False
-        self._res: Reservation | None = None
+        self._res: Reservation | None = res
         self._token: Any = None
+
+    def take(self) -> Reservation | None:
+        """For the model call that settles it (once): the budget reservation."""
+        if self.settled:
+            return None
+        self.settled = True
+        return self._res
+
+
+class StepReservation(HeldEstimate):
+    """``step.reserve(...)``: an estimate held from entering the block until a model call
+    settles it or the block is left (then released). Sync and async context manager."""
+
+    __slots__ = ()
 
     def _hold(self) -> LiveRun | None:
         run = self.run
@@ -321,13 +339,6 @@ class StepReservation:
             await tenant_check_async(run, self._release)
             self._token = current_reservation.set(self)
         return self
-
-    def take(self) -> Reservation | None:
-        """For the model call that settles it (once): the budget reservation."""
-        if self.settled:
-            return None
-        self.settled = True
-        return self._res
 
     def _release(self) -> None:
         res, self._res = self._res, None
