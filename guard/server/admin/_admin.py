@@ -10,12 +10,13 @@ that yield to the event loop.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from guard.bounds import MAX_QUERY_UNIX_S, check_finite, check_id, check_text
 from guard.errors import GuardUnavailable, InvalidInput
+from guard.server._host import GuardHost
 from guard.server.runs._state import RunState
 from guard.server.runtime._auth import Principal
 from guard.server.runtime._status import UnknownRun, grpc_errors
@@ -28,9 +29,6 @@ from guard.wire import (
     stats_response_to_pb,
     tenant_budgets_response_to_pb,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._host import GuardHost
 
 __all__ = ["AdminServicer", "local_statuses", "run_status"]
 

@@ -32,11 +32,12 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from guard.errors import GuardError, InputTooLarge, InvalidInput
+from guard.server._host import GuardHost
 from guard.server.control._clocks import note_hello_clock
 from guard.server.control._fanout import AgentSession
 from guard.server.runs._record_in import end_record, mend_started, refuse_message
@@ -56,9 +57,6 @@ from guard.wire import (
     take_encoded,
     welcome_to_pb,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._host import GuardHost
 
 __all__ = [
     "HELLO_CHECK_SLICE",

@@ -11,18 +11,14 @@ the OTLP ``partial_success`` field, the standard way to say "some of these were 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 
 from guard.errors import GuardError, GuardUnavailable
+from guard.server._host import GuardHost
 from guard.server.otlp._intake import SLICE_SPANS
 from guard.server.runtime._auth import Principal
 from guard.server.runtime._status import abort_for, status_for
-
-if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._host import GuardHost
 
 __all__ = [
     "CHUNK_SPANS",

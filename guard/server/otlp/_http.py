@@ -49,7 +49,7 @@ import ssl
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -57,6 +57,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
 from guard.errors import ConfigError, GuardError, GuardUnavailable, InputTooLarge
+from guard.server._host import GuardHost
 from guard.server.otlp._grpc import export_response, ingest_export
 from guard.server.otlp._httpbody import Budget, Hold, gunzip, json_to_export
 from guard.server.otlp._httpconn import (
@@ -67,9 +68,6 @@ from guard.server.otlp._httpconn import (
     failure,
 )
 from guard.server.runtime._status import Overloaded, status_for
-
-if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._host import GuardHost
 
 __all__ = [
     "BODY_TIMEOUT_S",

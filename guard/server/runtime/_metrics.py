@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -36,11 +36,9 @@ from opentelemetry.sdk.resources import Resource
 from guard.errors import GuardUnavailable
 from guard.policy import MetricsSettings, Reason
 from guard.policy._telemetry import split_host_port
+from guard.server._host import GuardHost
 from guard.server.control._clocks import skew_figures
 from guard.store._records import DecisionRecord
-
-if TYPE_CHECKING:  # pragma: no cover
-    from guard.server._host import GuardHost
 
 __all__ = ["NO_REDIS_TELEMETRY", "OTHER_TENANTS", "GuardMetrics", "RedisTelemetry", "top_tenants"]
 
