@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # Keyed on what the install builds from: pyproject.toml and the native fast paths' C source.
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py guard/policy/_speedups.c guard/server/decode/_otlpnative.c guard/server/decode/_otlp_*.h guard/server/applier/_applynative.c guard/server/applier/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py guard/policy/_speedups.c guard/server/decode/_otlpnative.c guard/server/decode/_otlp_*.h guard/server/applier/_applynative.c guard/server/applier/_apply_end.h guard/policy/_native_common.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c | cksum | cut -d' ' -f1)
 
 # Every test run is replayable from one seed: the hash seed, the test order (pytest-randomly)
 # and hypothesis's draws all come from TEST_SEED, printed at the start of the run. Replay a run
@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-exhaustive test-asan lint format docs docs-serve diagrams docs-assets bench proto clean
 
-$(STAMP): pyproject.toml setup.py guard/policy/_speedups.c guard/server/decode/_otlpnative.c guard/server/decode/_otlp_*.h guard/server/applier/_applynative.c guard/server/applier/_apply_end.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
+$(STAMP): pyproject.toml setup.py guard/policy/_speedups.c guard/server/decode/_otlpnative.c guard/server/decode/_otlp_*.h guard/server/applier/_applynative.c guard/server/applier/_apply_end.h guard/policy/_native_common.h guard/policy/_slots.h guard/policy/_kernels.h guard/store/_rowsnative.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo ">> installing otel-guard and its dependencies into $(VENV) (first run takes a few minutes)"
 	$(PY) -m pip install --upgrade --progress-bar on pip

@@ -1,6 +1,6 @@
 /*
  * The record kernels of guard/policy/_speedups.c (included there: one translation unit, so
- * they share its loop-window helpers hex64, count64 and quiet_window). See the comment below.
+ * they share its loop-window helpers call_values and quiet_window). See the comment below.
  */
 #ifndef GUARD_KERNELS_H
 #define GUARD_KERNELS_H
@@ -32,10 +32,25 @@ static PyObject *k_ok, *k_zero_f, *k_zero, *k_one, *s_acquire, *s_release, *s_lo
 /* the trigger points' fields (Triggers, _escalation.py) and the limits' the check reads */
 enum { TR_LIMITS, TR_RANK, TR_STEPS, TR_MODEL_CALLS, TR_TOKENS, TR_TOKENS_RESERVE, TR_COST,
        TR_TOOL_CALLS, TR_ELAPSED, TR_ELAPSED_RESERVE, NTR };
-static const char *const tr_names[NTR] = {"limits", "rank", "steps", "model_calls", "tokens",
-                                          "tokens_reserve", "cost_usd", "tool_calls",
-                                          "elapsed_s", "elapsed_reserve_s"};
 static PyObject *s_tr[NTR], *s_deadline, *s_freezes, *k_inf;
+
+/* The kernels' constants, made by the first bind() (each once: see guard_intern). */
+static int constants(void) {
+    static const guard_name names[] = {
+        {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_locked, "locked"},
+        {&s_window, "window"}, {&s_threshold, "repeat_threshold"},
+        {&s_deadline, "deadline_s"}, {&s_freezes, "pause_freezes_deadline"},
+        {&s_tr[TR_LIMITS], "limits"}, {&s_tr[TR_RANK], "rank"}, {&s_tr[TR_STEPS], "steps"},
+        {&s_tr[TR_MODEL_CALLS], "model_calls"}, {&s_tr[TR_TOKENS], "tokens"},
+        {&s_tr[TR_TOKENS_RESERVE], "tokens_reserve"}, {&s_tr[TR_COST], "cost_usd"},
+        {&s_tr[TR_TOOL_CALLS], "tool_calls"}, {&s_tr[TR_ELAPSED], "elapsed_s"},
+        {&s_tr[TR_ELAPSED_RESERVE], "elapsed_reserve_s"}};
+    if (k_zero_f == NULL && (k_zero_f = PyFloat_FromDouble(0.0)) == NULL) return -1;
+    if (k_inf == NULL && (k_inf = PyFloat_FromDouble(Py_HUGE_VAL)) == NULL) return -1;
+    if (k_one == NULL && (k_one = PyLong_FromLong(1)) == NULL) return -1;
+    if (k_zero == NULL && (k_zero = PyLong_FromLong(0)) == NULL) return -1;
+    return guard_intern(names, Py_ARRAY_LENGTH(names));
+}
 
 static int offsets(PyObject *type, const char *const *names, Py_ssize_t *out, int n) {
     int i;
@@ -50,7 +65,7 @@ static int offsets(PyObject *type, const char *const *names, Py_ssize_t *out, in
 
 /* bind(Budget, Usage, LoopDetector, Forecaster, ok_verdict): all or nothing (a bind that
  * fails leaves the classes and offsets bound before it, which the objects are checked by). */
-static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_bind(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     static const char *const nb[] = {"_usages",   "_seq",   "_lock",    "_limits",
                                      "_trig",     "_usage", "_reserved", "_clock",
                                      "_started",  "_paused_at", "_paused_total"};
@@ -60,32 +75,11 @@ static PyObject *sp_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     static const char *const nl[] = {"_acts", "_res", "_n", "settings", "_stale", "_gbits", "_goff"};
     static const char *const nf[] = {"_n", "_sx", "_sy", "_sxx", "_sxy", "_last"};
     Py_ssize_t ob[NB], ou[NU], ol[NL], of[NF];
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "bind() takes 5 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("bind", nargs, 5)) return NULL;
     if (offsets(args[0], nb, ob, NB) < 0 || offsets(args[1], nu, ou, NU) < 0 ||
         offsets(args[2], nl, ol, NL) < 0 || offsets(args[3], nf, of, NF) < 0)
         return NULL;
-    if (k_zero_f == NULL) {
-        k_zero_f = PyFloat_FromDouble(0.0);
-        k_one = PyLong_FromLong(1);
-        k_zero = PyLong_FromLong(0);
-        s_acquire = PyUnicode_InternFromString("acquire");
-        s_release = PyUnicode_InternFromString("release");
-        s_locked = PyUnicode_InternFromString("locked");
-        s_window = PyUnicode_InternFromString("window");
-        s_threshold = PyUnicode_InternFromString("repeat_threshold");
-        if (!k_zero_f || !k_zero || !k_one || !s_acquire || !s_release || !s_locked || !s_window ||
-            !s_threshold)
-            return NULL;
-        for (int i = 0; i < NTR; i++)
-            if ((s_tr[i] = PyUnicode_InternFromString(tr_names[i])) == NULL) return NULL;
-        s_deadline = PyUnicode_InternFromString("deadline_s");
-        s_freezes = PyUnicode_InternFromString("pause_freezes_deadline");
-        k_inf = PyFloat_FromDouble(Py_HUGE_VAL);
-        if (!s_deadline || !s_freezes || !k_inf) return NULL;
-    }
+    if (constants() < 0) return NULL;
     memcpy(off_b, ob, sizeof ob);
     memcpy(off_u, ou, sizeof ou);
     memcpy(off_l, ol, sizeof ol);
@@ -275,15 +269,13 @@ static PyObject *budget_end(PyObject *b, held *h, int failed) {
 #define REFUSED(rc) ((rc) < 0 ? NULL : Py_NewRef(Py_None))
 
 /* budget_step(budget, also) -> seq | None: Budget.record_step(), then also.steps += 1. */
-static PyObject *sp_budget_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_budget_step(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                Py_ssize_t nargs) {
     PyObject *usages, *b;
     held h;
     Py_ssize_t i;
     int rc, failed = 0;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "budget_step() takes 2 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("budget_step", nargs, 2)) return NULL;
     b = args[0];
     rc = budget_begin(b, args[1], &h);
     if (rc <= 0) return REFUSED(rc);
@@ -307,15 +299,13 @@ static int add_model(PyObject *u, PyObject *const *c, PyObject *cost) {
 /* budget_model_call(budget, also, input, output, reasoning, cached, cost) -> seq | None:
  * Budget.record_model_call(...) of plain counts (exact ints >= 0) and a plain cost (None or
  * an exact finite float >= 0), then the same usage added to `also`. */
-static PyObject *sp_budget_model_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_budget_model_call(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                      Py_ssize_t nargs) {
     PyObject *usages, *b, *cost;
     held h;
     Py_ssize_t i;
     int j, rc, failed = 0;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "budget_model_call() takes 7 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("budget_model_call", nargs, 7)) return NULL;
     for (j = 2; j < 6; j++)
         if (!plain_count(args[j])) Py_RETURN_NONE;
     cost = args[6];
@@ -339,15 +329,13 @@ static PyObject *sp_budget_model_call(PyObject *self, PyObject *const *args, Py_
 /* budget_tool_calls(budget, also, n, attempts) -> seq | None:
  * Budget.record_tool_calls(n, attempts=attempts) of exact ints >= 0 and no cost, then
  * also.tool_calls += n and also.tool_attempts += attempts. */
-static PyObject *sp_budget_tool_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_budget_tool_calls(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                      Py_ssize_t nargs) {
     PyObject *usages, *b, *u;
     held h;
     Py_ssize_t i;
     int rc, failed = 0;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "budget_tool_calls() takes 4 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("budget_tool_calls", nargs, 4)) return NULL;
     if (!plain_count(args[2]) || !plain_count(args[3])) Py_RETURN_NONE;
     b = args[0];
     rc = budget_begin(b, args[1], &h);
@@ -424,13 +412,26 @@ static int cmp_slot(PyObject *o, Py_ssize_t off, PyObject *y, int op) {
     return c;
 }
 
+/* A usage's input_tokens + output_tokens, both read now: a new reference, or NULL. */
+static PyObject *tokens_of(PyObject *u) {
+    PyObject *in = slot_get(u, off_u[U_IN]), *out, *sum;
+    if (in == NULL) return NULL;
+    if ((out = slot_get(u, off_u[U_OUT])) == NULL) {
+        Py_DECREF(in);
+        return NULL;
+    }
+    sum = PyNumber_Add(in, out);
+    Py_DECREF(in), Py_DECREF(out);
+    return sum;
+}
+
 /* The check of Escalations._quiet_locked(rank) with the budget's current trigger points:
  * 1 quiet, 0 not (or not known here), -1 error. Every field is read as a new reference: the
  * attribute reads and comparisons below can run Python code, which may rebind any of them. */
 static int quiet_of(PyObject *b, PyObject *rank) {
     PyObject *limits = SLOT(b, off_b[B_LIMITS]), *t = SLOT(b, off_b[B_TRIG]), *tr[NTR];
     PyObject *u = SLOT(b, off_b[B_USAGE]), *r = SLOT(b, off_b[B_RESERVED]), *tokens = NULL;
-    PyObject *deadline = NULL, *elapsed = NULL, *v, *w;
+    PyObject *deadline = NULL, *elapsed = NULL, *v;
     int i, rc = 0, c;
     if (!limits || !t || !u || !r || !Py_IS_TYPE(u, k_usage) || !Py_IS_TYPE(r, k_usage))
         return 0;
@@ -440,14 +441,7 @@ static int quiet_of(PyObject *b, PyObject *rank) {
         if ((tr[i] = PyObject_GetAttr(t, s_tr[i])) == NULL) goto done;
     /* stale trigger points (other limits or rank): the method recomputes them */
     if (tr[TR_LIMITS] != limits || (c = cmp(tr[TR_RANK], rank, Py_EQ)) <= 0) goto done;
-    if ((v = slot_get(u, off_u[U_IN])) == NULL) goto done;
-    if ((w = slot_get(u, off_u[U_OUT])) == NULL) {
-        Py_DECREF(v);
-        goto done;
-    }
-    tokens = PyNumber_Add(v, w);
-    Py_DECREF(v), Py_DECREF(w);
-    if (tokens == NULL) goto done;
+    if ((tokens = tokens_of(u)) == NULL) goto done;
 #define FIRES(x, y) ((c = cmp((x), (y), Py_GE)) != 0)         /* true on error too */
 #define SLOT_FIRES(o, f, y) ((c = cmp_slot((o), off_u[f], (y), Py_GE)) != 0)
     if (SLOT_FIRES(u, U_STEPS, tr[TR_STEPS]) || SLOT_FIRES(u, U_MODEL_CALLS, tr[TR_MODEL_CALLS]) ||
@@ -456,14 +450,7 @@ static int quiet_of(PyObject *b, PyObject *rank) {
     if ((c = cmp(tr[TR_TOKENS_RESERVE], k_inf, Py_NE)) != 0) {
         PyObject *held;
         if (c < 0) goto done;
-        if ((v = slot_get(r, off_u[U_IN])) == NULL) goto done;
-        if ((w = slot_get(r, off_u[U_OUT])) == NULL) {
-            Py_DECREF(v);
-            goto done;
-        }
-        held = PyNumber_Add(v, w);
-        Py_DECREF(v), Py_DECREF(w);
-        if (held == NULL) goto done;
+        if ((held = tokens_of(r)) == NULL) goto done;
         Py_SETREF(held, PyNumber_Add(tokens, held));
         if (held == NULL) goto done;
         c = cmp(held, tr[TR_TOKENS_RESERVE], Py_GE);
@@ -501,13 +488,11 @@ done:
  * budget's trigger points as they are (read under its lock, as the method reads them); None
  * when that needs the method (its lock held, its trigger points for other limits or another
  * rank, a check that may fire). */
-static PyObject *sp_budget_quiet(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_budget_quiet(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                 Py_ssize_t nargs) {
     PyObject *b, *lock, *res;
     int rc;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "budget_quiet() takes 2 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("budget_quiet", nargs, 2)) return NULL;
     b = args[0];
     if (k_budget == NULL || !Py_IS_TYPE(b, k_budget) || !PyLong_CheckExact(args[1]))
         Py_RETURN_NONE;
@@ -549,15 +534,10 @@ static int loop_rings(PyObject *d, Py_buffer *va, Py_buffer *vr, Py_ssize_t *w, 
     if (acts == NULL || res == NULL) return 0;
     Py_INCREF(acts), Py_INCREF(res);
     rc = -1;
-    if (PyObject_GetBuffer(acts, va, PyBUF_WRITABLE) < 0) goto out;
-    if (PyObject_GetBuffer(res, vr, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(va);
-        goto out;
-    }
+    if (rings_get(acts, res, va, vr) < 0) goto out;
     /* (the views hold the rings: an array with an exported buffer cannot be resized) */
     if (va->len != 8 * *w || vr->len != 8 * *w) {
-        PyBuffer_Release(va);
-        PyBuffer_Release(vr);
+        rings_release(va, vr);
         rc = 0;
         goto out;
     }
@@ -574,21 +554,16 @@ fail:
  * first half, as observe() above on the detector's own rings, with its call count advanced:
  * True when no pattern can fire (the verdict is CONTINUE), False when the caller must finish
  * with detector.judge_last(). None, with nothing written: the method handles it. */
-static PyObject *sp_loop_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_loop_observe(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                 Py_ssize_t nargs) {
     Py_buffer va, vr;
     Py_ssize_t w, k, slot, n;
-    uint64_t a, r = 0;
-    PyObject *result, *d, *nobj, *next;
+    uint64_t a, r;
+    PyObject *d, *nobj, *next;
     int rc, quiet;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "loop_observe() takes 3 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("loop_observe", nargs, 3)) return NULL;
     d = args[0];
-    result = args[2];
-    if (!hex64(args[1], &a)) Py_RETURN_NONE;
-    if (result != Py_None && !(PyUnicode_CheckExact(result) && PyUnicode_GET_LENGTH(result) == 0))
-        if (!hex64(result, &r)) Py_RETURN_NONE;
+    if (!call_values(args[1], args[2], &a, &r)) Py_RETURN_NONE;
     rc = loop_rings(d, &va, &vr, &w, &k);
     if (rc < 0) return NULL;
     if (rc == 0) Py_RETURN_NONE;
@@ -596,23 +571,18 @@ static PyObject *sp_loop_observe(PyObject *self, PyObject *const *args, Py_ssize
     nobj = SLOT(d, off_l[L_N]);
     n = nobj != NULL && PyLong_CheckExact(nobj) ? PyLong_AsSsize_t(nobj) : -1;
     if (n < 0 || n == PY_SSIZE_T_MAX) {
-        PyBuffer_Release(&va);
-        PyBuffer_Release(&vr);
+        rings_release(&va, &vr);
         PyErr_Clear(); /* an exact int: only OverflowError; the method's to answer */
         Py_RETURN_NONE;
     }
     next = PyLong_FromSsize_t(n + 1);
     if (next == NULL) {
-        PyBuffer_Release(&va);
-        PyBuffer_Release(&vr);
+        rings_release(&va, &vr);
         return NULL;
     }
     slot = n % w;
-    memcpy((char *)va.buf + 8 * slot, &a, 8);
-    memcpy((char *)vr.buf + 8 * slot, &r, 8);
     quiet = quiet_window(va.buf, vr.buf, w, slot, a, r, k - 1, k + 1);
-    PyBuffer_Release(&va);
-    PyBuffer_Release(&vr);
+    rings_release(&va, &vr);
     slot_put(d, off_l[L_N], next);
     return PyBool_FromLong(quiet);
 }
@@ -621,15 +591,13 @@ static PyObject *sp_loop_observe(PyObject *self, PyObject *const *args, Py_ssize
  * the step says nothing (no state, no progress signal: CONTINUE, nothing changes) or reports
  * progress without a state (the stale count restarts and the facts grew at this call count,
  * within the kept bits). None, with nothing changed, for every other step. */
-static PyObject *sp_loop_end_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_loop_end_step(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                  Py_ssize_t nargs) {
     PyObject *d, *n, *goff, *gbits, *acts, *b, *bit, *merged;
     Py_ssize_t width;
     long long bv;
     int over;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "loop_end_step() takes 3 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("loop_end_step", nargs, 3)) return NULL;
     d = args[0];
     if (k_loop == NULL || !Py_IS_TYPE(d, k_loop) || args[1] != Py_None) Py_RETURN_NONE;
     if (args[2] == Py_None) return Py_NewRef(k_ok);
@@ -671,15 +639,13 @@ static PyObject *sp_loop_end_step(PyObject *self, PyObject *const *args, Py_ssiz
  * raises, handles anything else). The sums are Python floats: float + int converts the int
  * as PyLong_AsDouble does, so the doubles here are the ones Python computes (no fused
  * multiply-add: each product is stored before it is added). */
-static PyObject *sp_forecast_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_forecast_observe(PyObject *Py_UNUSED(self), PyObject *const *args,
+                                     Py_ssize_t nargs) {
     PyObject *f, *idx, *tok, *v[NF], *nv[NF];
     volatile double x, t, xx, xy; /* volatile: rounded to double at each step, as in Python */
     long long ix;
     int i, over;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "forecast_observe() takes 3 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("forecast_observe", nargs, 3)) return NULL;
     f = args[0], idx = args[1], tok = args[2];
     if (k_forecaster == NULL || !Py_IS_TYPE(f, k_forecaster) || !PyLong_CheckExact(idx) ||
         !plain_count(tok))

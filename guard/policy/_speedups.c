@@ -25,6 +25,7 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "_native_common.h"
 #include "_slots.h"
 
 /* ---- SHA-256 --------------------------------------------------------------------------- */
@@ -311,7 +312,7 @@ typedef struct {
 /* action(inner, outer, args, ignore) -> str | None
  * inner: the tool's inner state ("action\0<tool>\0" fed); outer: the outer state; args: the
  * arguments; ignore: a tuple of normalised ASCII keys (bytes) to drop. None: not the fast case. */
-static PyObject *sp_action(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_action(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *d, *ignore, *k, *v;
     Py_ssize_t pos = 0, n = 0, i, j;
     entry e[MAX_KEYS], tmp;
@@ -319,10 +320,7 @@ static PyObject *sp_action(PyObject *self, PyObject *const *args, Py_ssize_t nar
     sha_ctx inner;
     obuf b;
     int rc;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "action() takes 4 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("action", nargs, 4)) return NULL;
     d = args[2], ignore = args[3];
     if (!PyDict_CheckExact(d) || !PyTuple_Check(ignore) || PyDict_GET_SIZE(d) > MAX_KEYS)
         Py_RETURN_NONE;
@@ -367,14 +365,11 @@ static PyObject *sp_action(PyObject *self, PyObject *const *args, Py_ssize_t nar
 
 /* result(inner, outer, value) -> str | None: the result hash of an int, None, a bool or a
  * fast-case string (as Fingerprinter.result() writes them), else None. */
-static PyObject *sp_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_result(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     sha_ctx inner;
     obuf b;
     int rc;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "result() takes 3 arguments");
-        return NULL;
-    }
+    if (!guard_nargs("result", nargs, 3)) return NULL;
     if (get_ctx(args[0], &inner) < 0) return NULL;
     ob_init(&b);
     rc = put_scalar(&b, args[2]);
@@ -382,7 +377,7 @@ static PyObject *sp_result(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 /* mac(inner, outer, payload: str) -> str: HMAC of the UTF-8 payload, 32 hex chars. */
-static PyObject *sp_mac(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_mac(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     sha_ctx inner;
     const char *p;
     Py_ssize_t n;
@@ -398,7 +393,7 @@ static PyObject *sp_mac(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* state(data: bytes, base: bytes | None = None) -> bytes: a state that has absorbed data. */
-static PyObject *sp_state(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_state(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     sha_ctx c;
     Py_buffer view;
     if (nargs < 1 || nargs > 2) {
@@ -439,6 +434,16 @@ static int hex64(PyObject *s, uint64_t *out) {
     return 1;
 }
 
+/* A call's action fingerprint and result hash as ring values (*r 0 when the result is not
+ * known: None or ""): 1, or 0 when either is not canonical (for the reference to handle). */
+static int call_values(PyObject *action, PyObject *result, uint64_t *a, uint64_t *r) {
+    *r = 0;
+    if (!hex64(action, a)) return 0;
+    if (result == Py_None || (PyUnicode_CheckExact(result) && PyUnicode_GET_LENGTH(result) == 0))
+        return 1;
+    return hex64(result, r);
+}
+
 static Py_ssize_t count64(const char *ring, Py_ssize_t n, uint64_t x) {
     Py_ssize_t i, c = 0;
     uint64_t v;
@@ -463,11 +468,29 @@ static Py_ssize_t streak64(const char *ring, Py_ssize_t n, Py_ssize_t slot, uint
     return c;
 }
 
-/* After a call is written at `slot`: can no pattern fire? Repeats and cycles need this action
- * at least need_a times in the window (a cycle's current call recurs once per period);
- * same_result needs this (known) result in need_r calls in a row, the newest included. */
-static int quiet_window(const char *acts, const char *res, Py_ssize_t n, Py_ssize_t slot,
-                        uint64_t a, uint64_t r, Py_ssize_t need_a, Py_ssize_t need_r) {
+/* Writable views of the two rings (acts, res): 0, or -1 with an exception and neither held. */
+static int rings_get(PyObject *acts, PyObject *res, Py_buffer *va, Py_buffer *vr) {
+    if (PyObject_GetBuffer(acts, va, PyBUF_WRITABLE) < 0) return -1;
+    if (PyObject_GetBuffer(res, vr, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(va);
+        return -1;
+    }
+    return 0;
+}
+
+static void rings_release(Py_buffer *va, Py_buffer *vr) {
+    PyBuffer_Release(va);
+    PyBuffer_Release(vr);
+}
+
+/* The call (a, r) written into slot `slot` of the two rings (n slots each); then: can no
+ * pattern fire? Repeats and cycles need this action at least need_a times in the window (a
+ * cycle's current call recurs once per period); same_result needs this (known) result in
+ * need_r calls in a row, the newest included. */
+static int quiet_window(char *acts, char *res, Py_ssize_t n, Py_ssize_t slot, uint64_t a,
+                        uint64_t r, Py_ssize_t need_a, Py_ssize_t need_r) {
+    memcpy(acts + 8 * slot, &a, 8);
+    memcpy(res + 8 * slot, &r, 8);
     return count64(acts, n, a) < need_a && (!r || streak64(res, n, slot, r) < need_r);
 }
 
@@ -478,45 +501,32 @@ static int quiet_window(const char *acts, const char *res, Py_ssize_t n, Py_ssiz
  * need_r equal results: see quiet_window),
  * False when the full check must run. None, with nothing written: not a canonical
  * fingerprint, for the reference to handle. */
-static PyObject *sp_observe(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sp_observe(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer va, vr;
     Py_ssize_t slot, need_a, need_r, n;
-    uint64_t a, r = 0;
-    PyObject *result, *res = NULL;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "observe() takes 7 arguments");
-        return NULL;
-    }
-    result = args[4];
-    if (!hex64(args[3], &a)) Py_RETURN_NONE;
-    if (result != Py_None && !(PyUnicode_CheckExact(result) && PyUnicode_GET_LENGTH(result) == 0))
-        if (!hex64(result, &r)) Py_RETURN_NONE;
+    uint64_t a, r;
+    PyObject *res = NULL;
+    if (!guard_nargs("observe", nargs, 7)) return NULL;
+    if (!call_values(args[3], args[4], &a, &r)) Py_RETURN_NONE;
     slot = PyLong_AsSsize_t(args[2]);
     need_a = PyLong_AsSsize_t(args[5]);
     need_r = PyLong_AsSsize_t(args[6]);
     if (PyErr_Occurred()) return NULL; /* before anything is written */
-    if (PyObject_GetBuffer(args[0], &va, PyBUF_WRITABLE) < 0) return NULL;
-    if (PyObject_GetBuffer(args[1], &vr, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&va);
-        return NULL;
-    }
+    if (rings_get(args[0], args[1], &va, &vr) < 0) return NULL;
     n = va.len / 8;
     if (va.len != vr.len || va.len % 8 || slot < 0 || slot >= n) {
         PyErr_SetString(PyExc_ValueError, "observe(): rings of unequal size or slot out of range");
     } else {
-        memcpy((char *)va.buf + 8 * slot, &a, 8);
-        memcpy((char *)vr.buf + 8 * slot, &r, 8);
         res = PyBool_FromLong(quiet_window(va.buf, vr.buf, n, slot, a, r, need_a, need_r));
     }
-    PyBuffer_Release(&vr);
-    PyBuffer_Release(&va);
+    rings_release(&va, &vr);
     return res;
 }
 
 #include "_kernels.h" /* the record kernels (one translation unit with this file) */
 
 /* sha256(data: bytes) -> bytes: the plain digest (lets tests check the implementation). */
-static PyObject *sp_sha256(PyObject *self, PyObject *arg) {
+static PyObject *sp_sha256(PyObject *Py_UNUSED(self), PyObject *arg) {
     sha_ctx c;
     uint8_t d[32];
     Py_buffer view;
@@ -529,57 +539,38 @@ static PyObject *sp_sha256(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"action", (PyCFunction)(void (*)(void))sp_action, METH_FASTCALL,
-     "action(inner, outer, args, ignore) -> fingerprint, or None outside the fast case"},
-    {"result", (PyCFunction)(void (*)(void))sp_result, METH_FASTCALL,
-     "result(inner, outer, value) -> hash, or None outside the fast case"},
-    {"mac", (PyCFunction)(void (*)(void))sp_mac, METH_FASTCALL,
-     "mac(inner, outer, payload) -> HMAC-SHA256 of the UTF-8 payload, 32 hex chars"},
-    {"state", (PyCFunction)(void (*)(void))sp_state, METH_FASTCALL,
-     "state(data, base=None) -> a SHA-256 state that has absorbed data"},
-    {"observe", (PyCFunction)(void (*)(void))sp_observe, METH_FASTCALL,
-     "observe(acts, res, slot, action, result, need_a, need_r) -> quiet, or None"},
+    GUARD_FASTCALL("action", sp_action,
+        "action(inner, outer, args, ignore) -> fingerprint, or None outside the fast case"),
+    GUARD_FASTCALL("result", sp_result,
+        "result(inner, outer, value) -> hash, or None outside the fast case"),
+    GUARD_FASTCALL("mac", sp_mac,
+        "mac(inner, outer, payload) -> HMAC-SHA256 of the UTF-8 payload, 32 hex chars"),
+    GUARD_FASTCALL("state", sp_state,
+        "state(data, base=None) -> a SHA-256 state that has absorbed data"),
+    GUARD_FASTCALL("observe", sp_observe,
+        "observe(acts, res, slot, action, result, need_a, need_r) -> quiet, or None"),
     {"sha256", sp_sha256, METH_O, "sha256(data) -> digest"},
-    {"bind", (PyCFunction)(void (*)(void))sp_bind, METH_FASTCALL,
-     "bind(Budget, Usage, LoopDetector, Forecaster, ok) -> None: the record kernels' classes"},
-    {"budget_step", (PyCFunction)(void (*)(void))sp_budget_step, METH_FASTCALL,
-     "budget_step(budget, also) -> seq, or None (use Budget.record_step)"},
-    {"budget_model_call", (PyCFunction)(void (*)(void))sp_budget_model_call, METH_FASTCALL,
-     "budget_model_call(budget, also, in, out, reasoning, cached, cost) -> seq, or None"},
-    {"budget_tool_calls", (PyCFunction)(void (*)(void))sp_budget_tool_calls, METH_FASTCALL,
-     "budget_tool_calls(budget, also, n, attempts) -> seq, or None"},
-    {"budget_quiet", (PyCFunction)(void (*)(void))sp_budget_quiet, METH_FASTCALL,
-     "budget_quiet(budget, rank) -> True, or None (use Budget.escalation)"},
-    {"loop_observe", (PyCFunction)(void (*)(void))sp_loop_observe, METH_FASTCALL,
-     "loop_observe(detector, action, result) -> quiet, or None"},
-    {"loop_end_step", (PyCFunction)(void (*)(void))sp_loop_end_step, METH_FASTCALL,
-     "loop_end_step(detector, state, progress) -> verdict, or None"},
-    {"forecast_observe", (PyCFunction)(void (*)(void))sp_forecast_observe, METH_FASTCALL,
-     "forecast_observe(forecaster, step_index, input_tokens) -> True, or None"},
+    GUARD_FASTCALL("bind", sp_bind,
+        "bind(Budget, Usage, LoopDetector, Forecaster, ok) -> None: the record kernels' classes"),
+    GUARD_FASTCALL("budget_step", sp_budget_step,
+        "budget_step(budget, also) -> seq, or None (use Budget.record_step)"),
+    GUARD_FASTCALL("budget_model_call", sp_budget_model_call,
+        "budget_model_call(budget, also, in, out, reasoning, cached, cost) -> seq, or None"),
+    GUARD_FASTCALL("budget_tool_calls", sp_budget_tool_calls,
+        "budget_tool_calls(budget, also, n, attempts) -> seq, or None"),
+    GUARD_FASTCALL("budget_quiet", sp_budget_quiet,
+        "budget_quiet(budget, rank) -> True, or None (use Budget.escalation)"),
+    GUARD_FASTCALL("loop_observe", sp_loop_observe,
+        "loop_observe(detector, action, result) -> quiet, or None"),
+    GUARD_FASTCALL("loop_end_step", sp_loop_end_step,
+        "loop_end_step(detector, state, progress) -> verdict, or None"),
+    GUARD_FASTCALL("forecast_observe", sp_forecast_observe,
+        "forecast_observe(forecaster, step_index, input_tokens) -> True, or None"),
     {NULL, NULL, 0, NULL}};
-
 
 /* Multi-phase initialisation (PEP 489). The record kernels' bound classes and offsets are
  * process-wide (bind() is called once, by guard/policy/_kernels.py), so the module is one
  * per process: not loaded into subinterpreters, and it keeps the GIL (3.13 free threading). */
-static PyModuleDef_Slot module_slots[] = {
+static PyModuleDef_Slot module_slots[] = {GUARD_SLOTS_ONE_PER_PROCESS {0, NULL}};
 
-#if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
-#endif
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_USED},
-#endif
-    {0, NULL}};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
-                                    "_speedups",
-                                    "Native fast paths of guard.policy._fingerprint.",
-                                    0,
-                                    methods,
-                                    module_slots,
-                                    NULL,
-                                    NULL,
-                                    NULL};
-
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModuleDef_Init(&module); }
+GUARD_MODULE(_speedups, "Native fast paths of guard.policy._fingerprint.", methods, module_slots)

@@ -15,6 +15,8 @@
 #include <Python.h>
 #include <math.h>
 
+#include "../policy/_native_common.h"
+
 #define NFIELDS 28
 #define UINT32_TOP 4294967295ULL
 #define MAX_TS 10413791999.999 /* 2299-12-31 23:59:59.999 UTC, the top of DateTime64(3) */
@@ -359,12 +361,8 @@ rows_free(void *m)
  * module is per interpreter and needs no GIL of its own (line() reads only its tuple and the
  * configured types; configure() is called once, at import of guard/store/_rows.py). */
 static PyModuleDef_Slot module_slots[] = {
-#if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
-#endif
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
-#endif
+    GUARD_SLOT_INTERPRETERS(Py_MOD_PER_INTERPRETER_GIL_SUPPORTED)
+    GUARD_SLOT_GIL(Py_MOD_GIL_NOT_USED)
     {0, NULL},
 };
 

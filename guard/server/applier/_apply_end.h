@@ -78,7 +78,7 @@ static int flush(PyObject *touched, PyObject *spent) {
 }
 
 /* flush(touched, spent) -> None (see flush() above) */
-static PyObject *sn_flush(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sn_flush(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "flush(dict, dict)");
         return NULL;
@@ -190,7 +190,8 @@ static int nothing_to_decide(PyObject *run, PyObject *entry) {
 /* conclude(touched, now, decide) -> None: SpanApplier.conclude()'s loop over the runs, in
  * order: each run's touched_at set to now, then decide(run, entry) unless it would do
  * nothing (see nothing_to_decide). */
-static PyObject *sn_conclude(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sn_conclude(PyObject *Py_UNUSED(self), PyObject *const *args,
+                             Py_ssize_t nargs) {
     PyObject *run, *entry, *r, *call[2];
     Py_ssize_t pos = 0;
     int rc;

@@ -26,6 +26,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "../../policy/_native_common.h"
 #include "../../policy/_slots.h"
 
 enum {
@@ -62,6 +63,25 @@ static PyObject *k_one, *k_zero, *k_zero_f, *s_judge_last, *s_end_step, *s_obser
     *attempts_kwnames, *s_limits, *s_max_tokens, *s_max_cost, *k_span, *s_level, *s_rank,
     *end_step_kwnames;
 
+/* The applier's constants, made by the first configure() (each once: see guard_intern). */
+static int constants(void) {
+    static const guard_name names[] = {
+        {&s_judge_last, "judge_last"}, {&s_end_step, "end_step"}, {&s_observe, "observe"},
+        {&s_record_tools, "record_tool_calls"}, {&s_limits, "limits"},
+        {&s_max_tokens, "max_tokens"}, {&s_max_cost, "max_cost_usd"}, {&s_level, "level"},
+        {&s_rank, "rank"}};
+    if (k_one == NULL && (k_one = PyLong_FromLong(1)) == NULL) return -1;
+    if (k_zero == NULL && (k_zero = PyLong_FromLong(0)) == NULL) return -1;
+    if (k_zero_f == NULL && (k_zero_f = PyFloat_FromDouble(0.0)) == NULL) return -1;
+    if (attempts_kwnames == NULL &&
+        (attempts_kwnames = Py_BuildValue("(s)", "attempts")) == NULL)
+        return -1;
+    if (end_step_kwnames == NULL &&
+        (end_step_kwnames = Py_BuildValue("(sss)", "state", "progress", "acted")) == NULL)
+        return -1;
+    return guard_intern(names, Py_ARRAY_LENGTH(names));
+}
+
 /* A list's item as a new reference (NULL, no exception, when out of range): the
  * observations and their lists are the caller's, and code run from here may change them. */
 static inline PyObject *item_ref(PyObject *list, Py_ssize_t i) {
@@ -80,7 +100,8 @@ static inline PyObject *item_ref(PyObject *list, Py_ssize_t i) {
  * phases: (after model call, after tool batch, before step); kernels: the policy's
  * RecordKernels; span: the steps _decisions._forecast_due looks ahead. All or nothing: read
  * and checked (every slot inside nslots) into locals before anything changes. */
-static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sn_configure(PyObject *Py_UNUSED(self), PyObject *const *args,
+                              Py_ssize_t nargs) {
     Py_ssize_t i, o_r[NR], o_tc[NT], o_u[NU], o_obs[NO], n;
     long kinds[4];
     if (nargs != 10 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
@@ -120,26 +141,7 @@ static PyObject *sn_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
     }
-    if (k_one == NULL) {
-        k_one = PyLong_FromLong(1);
-        k_zero = PyLong_FromLong(0);
-        k_zero_f = PyFloat_FromDouble(0.0);
-        s_judge_last = PyUnicode_InternFromString("judge_last");
-        s_end_step = PyUnicode_InternFromString("end_step");
-        s_observe = PyUnicode_InternFromString("observe");
-        s_record_tools = PyUnicode_InternFromString("record_tool_calls");
-        s_limits = PyUnicode_InternFromString("limits");
-        s_max_tokens = PyUnicode_InternFromString("max_tokens");
-        s_max_cost = PyUnicode_InternFromString("max_cost_usd");
-        if (!s_limits || !s_max_tokens || !s_max_cost) return NULL;
-        attempts_kwnames = Py_BuildValue("(s)", "attempts");
-        s_level = PyUnicode_InternFromString("level");
-        s_rank = PyUnicode_InternFromString("rank");
-        end_step_kwnames = Py_BuildValue("(sss)", "state", "progress", "acted");
-        if (!k_one || !k_zero || !k_zero_f || !s_judge_last || !s_end_step || !s_observe || !s_record_tools || !attempts_kwnames || !s_level ||
-            !s_rank || !end_step_kwnames)
-            return NULL;
-    }
+    if (constants() < 0) return NULL;
     memcpy(off_r, o_r, sizeof o_r);
     memcpy(off_tc, o_tc, sizeof o_tc);
     memcpy(off_u, o_u, sizeof o_u);
@@ -402,7 +404,7 @@ static int model_span(fields *sp, PyObject *run, PyObject *usage, PyObject *touc
  * Every object read here is held (a new reference) across the calls that can run Python
  * code: the observation and its fields, the run, its Touched entry and its tenant's Usage
  * (the dicts hold them too, unless a callback changes the dicts). */
-static PyObject *sn_apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *sn_apply(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     PyObject *obs, *touched, *spent, *runs, *scope;
     PyObject *cur = NULL, *last_id = NULL, *usage = NULL, *entry = NULL, *res = NULL;
     fields sp;
@@ -524,38 +526,20 @@ error:
 }
 
 static PyMethodDef methods[] = {
-    {"configure", (PyCFunction)(void (*)(void))sn_configure, METH_FASTCALL,
-     "configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok)"},
-    {"flush", (PyCFunction)(void (*)(void))sn_flush, METH_FASTCALL,
-     "flush(touched, spent) -> None: the tool calls counted in touched, into the budgets"},
-    {"conclude", (PyCFunction)(void (*)(void))sn_conclude, METH_FASTCALL,
-     "conclude(touched, now, decide) -> None: decide(run, entry) for each run that may act"},
-    {"apply", (PyCFunction)(void (*)(void))sn_apply, METH_FASTCALL,
-     "apply(observations, start, touched, spent, runs, scope) -> first index not applied"},
+    GUARD_FASTCALL("configure", sn_configure,
+        "configure(RunState, Touched, Usage, slots, nslots, kinds, phases, kernels, ok)"),
+    GUARD_FASTCALL("flush", sn_flush,
+        "flush(touched, spent) -> None: the tool calls counted in touched, into the budgets"),
+    GUARD_FASTCALL("conclude", sn_conclude,
+        "conclude(touched, now, decide) -> None: decide(run, entry) for each run that may act"),
+    GUARD_FASTCALL("apply", sn_apply,
+        "apply(observations, start, touched, spent, runs, scope) -> first index not applied"),
     {NULL, NULL, 0, NULL}};
-
 
 /* Multi-phase initialisation (PEP 489). The configuration (configure(), called once by
  * guard/server/applier/_nativeapply.py) is process-wide, so the module is one per process: not loaded
  * into subinterpreters, and it keeps the GIL (3.13 free threading). */
-static PyModuleDef_Slot module_slots[] = {
+static PyModuleDef_Slot module_slots[] = {GUARD_SLOTS_ONE_PER_PROCESS {0, NULL}};
 
-#if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
-#endif
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_USED},
-#endif
-    {0, NULL}};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
-                                    "_applynative",
-                                    "The native span applier of guard.server._ingest.",
-                                    0,
-                                    methods,
-                                    module_slots,
-                                    NULL,
-                                    NULL,
-                                    NULL};
-
-PyMODINIT_FUNC PyInit__applynative(void) { return PyModuleDef_Init(&module); }
+GUARD_MODULE(_applynative, "The native span applier of guard.server._ingest.", methods,
+             module_slots)

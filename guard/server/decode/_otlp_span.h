@@ -27,12 +27,7 @@ static unsigned char unique_slot[MAX_SLOTS]; /* slots whose values are never cac
 static PyObject *string_of(const unsigned char *s, Py_ssize_t n, int slot) {
     if (n > CACHE_MAX_LEN || unique_slot[slot])
         return PyUnicode_DecodeUTF8((const char *)s, n, "strict");
-    uint32_t h = 2166136261u;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        h ^= s[i];
-        h *= 16777619u;
-    }
-    cached_str *c = &cache[h & (CACHE_SIZE - 1)];
+    cached_str *c = &cache[hash_bytes((const char *)s, n) & (CACHE_SIZE - 1)];
     if (c->value != NULL && c->len == n && memcmp(c->bytes, s, (size_t)n) == 0) {
         Py_INCREF(c->value);
         return c->value;
@@ -76,7 +71,7 @@ static int attribute(const unsigned char *p, Py_ssize_t n, obs *o, int depth) {
         if (wire_tag(&r, &tag) < 0)
             return -1;
         if (tag == 0x0A) { /* 1: key (the last one counts) */
-            if (delimited(&r, &key, &key_len) < 0 || !utf8_ok(key, key_len, NULL))
+            if (utf8_field(&r, &key, &key_len) < 0)
                 return -1;
         } else if (tag == 0x12) { /* 2: value */
             if (++values > 1 || delimited(&r, &val, &val_len) < 0)
@@ -288,7 +283,7 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
                 goto fallback;
             break;
         case 0x1A: /* 3 trace_state */
-            if (delimited(&r, &s, &len) < 0 || !utf8_ok(s, len, NULL))
+            if (utf8_field(&r, &s, &len) < 0)
                 goto fallback;
             break;
         case 0x22: /* 4 parent_span_id */
@@ -296,7 +291,7 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
                 goto fallback;
             break;
         case 0x2A: /* 5 name */
-            if (delimited(&r, &name, &name_len) < 0 || !utf8_ok(name, name_len, NULL))
+            if (utf8_field(&r, &name, &name_len) < 0)
                 goto fallback;
             break;
         case 0x30: /* 6 kind */
@@ -323,11 +318,11 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
                 goto done;
             break;
         case 0x5A: /* 11 events */
-            if (delimited(&r, &s, &len) < 0 || validate(s, len, M_EVENT, depth + 1) < 0)
+            if (message_field(&r, M_EVENT, depth + 1) < 0)
                 goto fallback;
             break;
         case 0x6A: /* 13 links */
-            if (delimited(&r, &s, &len) < 0 || validate(s, len, M_LINK, depth + 1) < 0)
+            if (message_field(&r, M_LINK, depth + 1) < 0)
                 goto fallback;
             break;
         case 0x7A: { /* 15 status: the last code on the wire counts, as in a parse */
@@ -342,7 +337,7 @@ static int span(const unsigned char *p, Py_ssize_t n, PyObject *out, int depth) 
                 if (wire_tag(&st, &t2) < 0)
                     goto fallback;
                 if (t2 == 0x12) {
-                    if (delimited(&st, &m, &ml) < 0 || !utf8_ok(m, ml, NULL))
+                    if (utf8_field(&st, &m, &ml) < 0)
                         goto fallback;
                 } else if (t2 == 0x18) {
                     if (varint(&st, &v) < 0)

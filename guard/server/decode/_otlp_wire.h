@@ -22,10 +22,11 @@ typedef struct {
  * Reading a tag or a length with the 10-byte rule would accept requests the reference
  * refuses, so each has its own reader. */
 
-/* A varint field value. 0 on success; -1 when malformed. */
-static inline int varint(rd *r, uint64_t *out) {
+/* A varint of at most `bytes` bytes (10 or 5: a constant, so each reader is its own loop).
+ * 0 on success; -1 when malformed (longer, or cut off by the end). */
+static inline int varint_of(rd *r, int bytes, uint64_t *out) {
     uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * bytes; shift += 7) {
         if (r->p >= r->end)
             return -1;
         unsigned char b = *r->p++;
@@ -39,22 +40,18 @@ static inline int varint(rd *r, uint64_t *out) {
     return -1;
 }
 
+/* A varint field value: at most 10 bytes, its low 64 bits. */
+static inline int varint(rd *r, uint64_t *out) {
+    return varint_of(r, 10, out);
+}
+
 /* A 32-bit varint (a tag or a length): at most 5 bytes, at most UINT32_MAX. */
 static inline int varint32(rd *r, uint64_t *out) {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 35; shift += 7) {
-        if (r->p >= r->end)
-            return -1;
-        unsigned char b = *r->p++;
-        v |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            if (v > UINT32_MAX)
-                return -1;
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
+    uint64_t v;
+    if (varint_of(r, 5, &v) < 0 || v > UINT32_MAX)
+        return -1;
+    *out = v;
+    return 0;
 }
 
 /* A field's tag: 32 bits, as upb reads it (see above). */
@@ -133,6 +130,11 @@ static int utf8_ok(const unsigned char *s, Py_ssize_t n, Py_ssize_t *chars) {
     return 1;
 }
 
+/* A length-delimited field whose bytes are strict UTF-8 (a string field): 0, or -1. */
+static inline int utf8_field(rd *r, const unsigned char **s, Py_ssize_t *len) {
+    return delimited(r, s, len) < 0 || !utf8_ok(*s, *len, NULL) ? -1 : 0;
+}
+
 /* ---- validation of the messages this path does not read ----------------------------- */
 enum { M_ANYVALUE, M_KEYVALUE, M_ARRAY, M_KVLIST, M_SCOPE, M_RESOURCE, M_ENTITYREF, M_EVENT, M_LINK };
 enum { F_NONE = 0, F_VARINT, F_FIXED32, F_FIXED64, F_STR, F_BYTES, F_MSG };
@@ -165,6 +167,13 @@ static const field schema[][NFIELDS] = {
 
 static int validate(const unsigned char *p, Py_ssize_t n, int msg, int depth);
 
+/* A length-delimited field holding a message `msg`, validated at `depth`: 0, or -1. */
+static inline int message_field(rd *r, int msg, int depth) {
+    const unsigned char *s;
+    Py_ssize_t len;
+    return delimited(r, &s, &len) < 0 ? -1 : validate(s, len, msg, depth);
+}
+
 /* One field of a message being validated; the tag is already read. */
 static int validate_field(rd *r, int msg, uint64_t tag, int depth) {
     uint64_t number = tag >> 3;
@@ -183,15 +192,11 @@ static int validate_field(rd *r, int msg, uint64_t tag, int depth) {
     case F_FIXED64:
         return wt == 1 ? skip_fixed(r, 8) : -1;
     case F_STR:
-        if (wt != 2 || delimited(r, &s, &len) < 0)
-            return -1;
-        return utf8_ok(s, len, NULL) ? 0 : -1;
+        return wt == 2 ? utf8_field(r, &s, &len) : -1;
     case F_BYTES:
         return wt == 2 ? delimited(r, &s, &len) : -1;
     case F_MSG:
-        if (wt != 2 || delimited(r, &s, &len) < 0)
-            return -1;
-        return validate(s, len, f.msg, depth + 1);
+        return wt == 2 ? message_field(r, f.msg, depth + 1) : -1;
     default:
         return -1;
     }

@@ -34,6 +34,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../../policy/_native_common.h"
+
 #define MAX_DEPTH 32
 #define MAX_SLOTS 48
 #define TABLE_SIZE 512 /* open addressing, power of two, > 4x the keys */
@@ -77,7 +79,7 @@ static char *aggregate_ops[MAX_OPS];
 static Py_ssize_t aggregate_ops_len[MAX_OPS];
 static int n_aggregate_ops = 0;
 
-static uint32_t hash_bytes(const char *p, Py_ssize_t n) {
+static inline uint32_t hash_bytes(const char *p, Py_ssize_t n) {
     uint32_t h = 2166136261u; /* FNV-1a */
     for (Py_ssize_t i = 0; i < n; i++) {
         h ^= (unsigned char)p[i];
@@ -102,9 +104,23 @@ static const entry *lookup(const char *p, Py_ssize_t n) {
 #include "_otlp_span.h"
 
 /* ---- the request: ExportTraceServiceRequest > ResourceSpans > ScopeSpans > Span ----------- */
-enum { L_REQUEST = 0, L_RESOURCE = 1, L_SCOPE = 2 };
+enum { L_REQUEST = 0, L_RESOURCE = 1, L_SCOPE = 2 }; /* each its message's nesting depth */
 
-static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* A field of the ResourceSpans (level L_RESOURCE) or the ScopeSpans (L_SCOPE) being walked,
+ * other than its field 2 (its scope_spans or spans: the walk's), the tag read: 1 its resource
+ * or its scope (validated, a message one level deeper), 3 its schema_url. 0, or -1 for
+ * anything else (fall back). */
+static inline int level_field(rd *in, uint64_t tag, int level) {
+    const unsigned char *s;
+    Py_ssize_t len;
+    if (tag == 0x0A) /* 1 resource | scope */
+        return message_field(in, level == L_SCOPE ? M_SCOPE : M_RESOURCE, level + 1);
+    if (tag == 0x1A) /* 3 schema_url */
+        return utf8_field(in, &s, &len);
+    return -1;
+}
+
+static PyObject *sp_decode(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "decode(data, state, max_spans)");
         return NULL;
@@ -157,56 +173,7 @@ static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
         const unsigned char *s;
         Py_ssize_t len;
         uint64_t tag;
-        if (level == L_SCOPE) {
-            rd in = {r.p, base + ss_end};
-            if (in.p >= in.end) {
-                level = L_RESOURCE;
-                continue;
-            }
-            if (wire_tag(&in, &tag) < 0)
-                goto fallback;
-            if (tag == 0x12) { /* 2 spans */
-                if (delimited(&in, &s, &len) < 0)
-                    goto fallback;
-                rc = span(s, len, out, 3);
-                if (rc < 0)
-                    goto failed;
-                spans++;
-            } else if (tag == 0x0A) { /* 1 scope */
-                if (delimited(&in, &s, &len) < 0 || validate(s, len, M_SCOPE, 3) < 0)
-                    goto fallback;
-            } else if (tag == 0x1A) { /* 3 schema_url */
-                if (delimited(&in, &s, &len) < 0 || !utf8_ok(s, len, NULL))
-                    goto fallback;
-            } else {
-                goto fallback;
-            }
-            r.p = in.p;
-        } else if (level == L_RESOURCE) {
-            rd in = {r.p, base + rs_end};
-            if (in.p >= in.end) {
-                level = L_REQUEST;
-                continue;
-            }
-            if (wire_tag(&in, &tag) < 0)
-                goto fallback;
-            if (tag == 0x12) { /* 2 scope_spans: descend */
-                if (delimited(&in, &s, &len) < 0)
-                    goto fallback;
-                ss_end = (s - base) + len;
-                in.p = s;
-                level = L_SCOPE;
-            } else if (tag == 0x0A) { /* 1 resource */
-                if (delimited(&in, &s, &len) < 0 || validate(s, len, M_RESOURCE, 2) < 0)
-                    goto fallback;
-            } else if (tag == 0x1A) { /* 3 schema_url */
-                if (delimited(&in, &s, &len) < 0 || !utf8_ok(s, len, NULL))
-                    goto fallback;
-            } else {
-                goto fallback;
-            }
-            r.p = in.p;
-        } else {
+        if (level == L_REQUEST) {
             if (r.p >= r.end)
                 break;
             if (wire_tag(&r, &tag) < 0 || tag != 0x0A) /* 1 resource_spans: descend */
@@ -216,7 +183,33 @@ static PyObject *sp_decode(PyObject *self, PyObject *const *args, Py_ssize_t nar
             rs_end = (s - base) + len;
             r.p = s;
             level = L_RESOURCE;
+            continue;
         }
+        /* in a ResourceSpans or a ScopeSpans, which share their layout */
+        rd in = {r.p, base + (level == L_SCOPE ? ss_end : rs_end)};
+        if (in.p >= in.end) { /* its end: up a level */
+            level = level == L_SCOPE ? L_RESOURCE : L_REQUEST;
+            continue;
+        }
+        if (wire_tag(&in, &tag) < 0)
+            goto fallback;
+        if (tag == 0x12) {
+            if (delimited(&in, &s, &len) < 0)
+                goto fallback;
+            if (level == L_SCOPE) { /* 2 spans */
+                rc = span(s, len, out, 3);
+                if (rc < 0)
+                    goto failed;
+                spans++;
+            } else { /* 2 scope_spans: descend */
+                ss_end = (s - base) + len;
+                in.p = s;
+                level = L_SCOPE;
+            }
+        } else if (level_field(&in, tag, level) < 0) {
+            goto fallback;
+        }
+        r.p = in.p;
     }
     pos = r.p - base;
     PyBuffer_Release(&buf);
@@ -347,7 +340,7 @@ static void table_free(entry *t) {
  *   names: (step span name, run operation, tool operation)
  * All or nothing: everything is read and checked (every slot index inside NSLOTS) into
  * locals, and only then does the configuration change. */
-static PyObject *sp_configure(PyObject *self, PyObject *args) {
+static PyObject *sp_configure(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *keys, *slots, *cls, *mops, *aops, *unique, *n_step, *n_run, *n_tool;
     long long mc;
     Py_ssize_t mid;
@@ -401,7 +394,7 @@ static PyObject *sp_configure(PyObject *self, PyObject *args) {
     entry *tab = PyMem_Calloc(TABLE_SIZE, sizeof(entry));
     if (tab == NULL)
         return PyErr_NoMemory();
-    opset mo = {{0}}, ao = {{0}};
+    opset mo = {0}, ao = {0};
     Py_ssize_t count = 0;
     /* a snapshot of the pairs (the ints' __index__ below may run code that changes `keys`) */
     PyObject *pairs = PyDict_Items(keys);
@@ -504,21 +497,16 @@ fail:
 static PyMethodDef methods[] = {
     {"configure", sp_configure, METH_VARARGS,
      "configure(keys, slots, observation_class, model_ops, aggregate_ops, bounds, unique, names)"},
-    {"decode", (PyCFunction)(void (*)(void))sp_decode, METH_FASTCALL,
-     "decode(data, state, max_spans) -> (observations, spans, state) | None (fall back)"},
+    GUARD_FASTCALL("decode", sp_decode,
+        "decode(data, state, max_spans) -> (observations, spans, state) | None (fall back)"),
     {NULL, NULL, 0, NULL},
 };
 
-static int module_exec(PyObject *m) {
-    (void)m;
-    if (str_error == NULL) {
-        str_error = PyUnicode_InternFromString("error");
-        str_empty = PyUnicode_InternFromString("");
-        int_zero = PyLong_FromLong(0);
-        if (str_error == NULL || str_empty == NULL || int_zero == NULL)
-            return -1;
-    }
-    return 0;
+static int module_exec(PyObject *Py_UNUSED(m)) {
+    static const guard_name names[] = {{&str_error, "error"}, {&str_empty, ""}};
+    if (int_zero == NULL && (int_zero = PyLong_FromLong(0)) == NULL)
+        return -1;
+    return guard_intern(names, Py_ARRAY_LENGTH(names));
 }
 
 /* Multi-phase initialisation (PEP 489). The configuration, the string cache and the last trace
@@ -526,19 +514,6 @@ static int module_exec(PyObject *m) {
  * module is one per process: not loaded into subinterpreters, and it keeps the GIL (3.13
  * free threading: the string cache is shared by every call). */
 static PyModuleDef_Slot module_slots[] = {
-    {Py_mod_exec, module_exec},
-#if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
-#endif
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_USED},
-#endif
-    {0, NULL}};
+    {Py_mod_exec, module_exec}, GUARD_SLOTS_ONE_PER_PROCESS {0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlpnative",
-                                    "Native OTLP span decode (see _nativedecode.py).", 0,
-                                    methods, module_slots, NULL, NULL, NULL};
-
-PyMODINIT_FUNC PyInit__otlpnative(void) {
-    return PyModuleDef_Init(&module);
-}
+GUARD_MODULE(_otlpnative, "Native OTLP span decode (see _nativedecode.py).", methods, module_slots)
