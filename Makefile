@@ -11,8 +11,14 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml setup.py guard/policy/_s
 ifndef TEST_SEED
 TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
-PYTEST_SEEDED = PYTHONHASHSEED=$(TEST_SEED) $(PY) -m pytest --randomly-seed=$(TEST_SEED) \
-	--hypothesis-seed=$(TEST_SEED) --durations=15
+# Bytecode is cached even where the environment sets PYTHONDONTWRITEBYTECODE: otherwise each
+# xdist worker and every guard/agent process a test starts compiles guard's sources again, and
+# pytest rewrites every test module again (the caches stay in the ignored __pycache__ folders).
+# LangSmith's pytest plugin (installed with LangChain) is not used by the suite: not loading it
+# saves each pytest process a second of imports.
+PYTEST_SEEDED = PYTHONHASHSEED=$(TEST_SEED) PYTHONDONTWRITEBYTECODE= $(PY) -m pytest \
+	-p no:langsmith_plugin --randomly-seed=$(TEST_SEED) --hypothesis-seed=$(TEST_SEED) \
+	--durations=15
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-exhaustive test-asan lint format docs docs-serve diagrams docs-assets bench proto clean

@@ -5,10 +5,14 @@
 - ``ci`` (``CI=true``): the same example counts, and shrinking stops after
   ``CI_SHRINK_S`` seconds, so one failing property cannot eat the suite's time budget. The
   seed comes from ``--hypothesis-seed``, which ``make test`` passes and prints.
-- ``exhaustive`` (``make test-exhaustive``): ten times the examples of every property.
+- ``exhaustive`` (``make test-exhaustive``): ten times the examples of every property (ten
+  times its ``full`` count, where it names one: see :func:`examples`).
 
 Tests give their example counts through :func:`examples`, so a profile scales them all (an
-explicit ``max_examples=`` in ``@settings`` would override any profile).
+explicit ``max_examples=`` in ``@settings`` would override any profile). A property that is
+cheap to state but dear to run (thousands of generated records) names a second, larger count
+for ``exhaustive`` (``examples(1000, full=4000)``): every ``make test`` runs the first, from
+a fresh seed each time, and ``make test-exhaustive`` ten times the second.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ if PROFILE == "ci":
         _engine.MAX_SHRINKING_SECONDS = CI_SHRINK_S
 
 
-def examples(n: int) -> int:
-    """``n`` examples, scaled by the loaded profile."""
-    return n * _SCALE[PROFILE]
+def examples(n: int, *, full: int | None = None) -> int:
+    """``n`` examples, scaled by the loaded profile; under ``exhaustive`` the scale applies to
+    ``full`` instead, where given (at least ``n``)."""
+    if full is not None and full < n:
+        raise ValueError(f"examples({n}, full={full}): full must be at least n")
+    base = full if full is not None and _SCALE[PROFILE] > 1 else n
+    return base * _SCALE[PROFILE]

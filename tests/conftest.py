@@ -12,6 +12,9 @@ With ``CI=true`` two things that would pass silently elsewhere stop the run:
   message: see ``tests/_native_build.py``);
 - a skip whose reason is not in :data:`CI_ALLOWED_SKIPS` (the run fails at its end, listing
   each one), so a suite CI must cover cannot skip away.
+
+The slowest files run first (:data:`SLOW_FILES`), so that under ``-n 2 --dist loadfile`` both
+workers finish together: only the order of the files changes, never what runs.
 """
 
 from __future__ import annotations
@@ -36,10 +39,77 @@ CI_ALLOWED_SKIPS = ("OpenLIT",)
 
 _unexpected_skips: list[str] = []
 
+# Seconds a file takes (its tests' setup, call and teardown: --durations, one tier of make test
+# on two cores with a third process keeping one of them busy), for every file over ~4 s. With
+# --dist loadfile a file is one unit of work, handed to whichever worker has run out, in
+# collection order: the longest go first and the short ones fill in at the end, so the two
+# workers finish within a few seconds of each other. (xdist's own order, most tests first, puts
+# a one-test file of half a minute last, and one worker then runs it alone.) A file not listed
+# keeps pytest-randomly's place for it, after these; an outdated figure costs only time.
+SLOW_FILES = {
+    # core tier
+    "tests/fleet/test_fleet_faults.py": 40,
+    "tests/server/test_faults.py": 31,
+    "tests/store/test_exactly_once.py": 28,
+    "tests/fleet/test_soak_replica_kill.py": 24,
+    "tests/sdk/test_foreign_instrumentations.py": 20,
+    "tests/server/test_full_disk_fleet.py": 19,
+    "tests/test_imports.py": 17,
+    "tests/policy/test_policy_fingerprint_native.py": 12,
+    "tests/store/test_crash.py": 12,
+    "tests/replicas/test_replicas.py": 11,
+    "tests/replicas/test_replicas_lost.py": 11,
+    "tests/fleet/test_record_claims.py": 11,
+    "tests/server/test_native_decode.py": 11,
+    "tests/e2e/test_demo.py": 9,
+    "tests/server/test_applier_reference.py": 8,
+    "tests/redisstate/test_races.py": 8,
+    "tests/deploy/test_deploy_helm.py": 8,
+    "tests/store/test_writer.py": 7,
+    "tests/server/test_applier_native.py": 7,
+    "tests/redisstate/test_overshoot.py": 7,
+    "tests/policy/test_policy_kernels.py": 7,
+    "tests/store/test_report.py": 7,
+    "tests/sdk/test_sdk_control.py": 6,
+    "tests/redisstate/test_replicas.py": 6,
+    "tests/server/test_control_memory.py": 6,
+    "tests/server/test_otlp_http_sdk.py": 6,
+    "tests/sdk/test_sdk_control_clocks.py": 6,
+    "tests/store/test_rows_native.py": 6,
+    "tests/store/test_rows.py": 5,
+    "tests/policy/test_policy_escalation.py": 5,
+    "tests/deploy/test_deploy_collector_e2e.py": 5,
+    "tests/server/test_native_decode_varints.py": 5,
+    "tests/policy/test_policy_fingerprint.py": 5,
+    "tests/native/test_hostile_objects.py": 5,
+    # framework tier
+    "tests/integrations/test_openai_agents.py": 40,
+    "tests/integrations/test_langgraph.py": 36,
+    "tests/integrations/test_openai_reporters.py": 33,
+    "tests/integrations/test_anthropic.py": 19,
+    "tests/integrations/test_providers.py": 12,
+    "tests/integrations/test_pydantic_ai.py": 12,
+    "tests/integrations/test_langchain_anthropic.py": 10,
+    "tests/integrations/test_request_estimates.py": 7,
+    "tests/integrations/test_langgraph_guard.py": 5,
+    "tests/integrations/test_openai_agents_apps.py": 5,
+}
+
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     seed = os.environ.get("PYTHONHASHSEED", "random")
     return [f"hypothesis profile {_hyp.PROFILE!r}, PYTHONHASHSEED={seed}, CI={CI}"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # xdist: keep the order set below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest files first (a stable sort: after pytest-randomly's shuffle, which runs
+    before this hook, the order within a file and among the other files is still its own)."""
+    items.sort(key=lambda item: -SLOW_FILES.get(item.nodeid.split("::", 1)[0], 0))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

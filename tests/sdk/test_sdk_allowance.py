@@ -73,7 +73,15 @@ def test_a_guard_that_cannot_answer_is_fail_open_or_refused(sink, fail_closed) -
     seen: dict = {}
     srv = _guard(100.0).__enter__()
     try:
-        guard.configure(endpoint=srv.address, tenant="acme", admit_timeout_ms=300)
+        # the guard is stopped mid-run: neither the RunEnded ack nor the last spans' export can
+        # succeed, and shutdown need not wait for them
+        guard.configure(
+            endpoint=srv.address,
+            tenant="acme",
+            admit_timeout_ms=300,
+            export_timeout_s=0.2,
+            shutdown_ack_timeout_s=0.1,
+        )
 
         @guard.run(agent="r", max_steps=100, fail_closed=fail_closed)
         def agent() -> None:

@@ -272,7 +272,11 @@ def test_unreachable_guard_fails_open_and_fail_closed_refuses() -> None:
         assert rt.control is not None and rt.control.first_attempt_done.wait(5)
         assert _within(10, f) == "ok"
     with capture_spans(
-        endpoint="127.0.0.1:9", admit_timeout_ms=100, reconnect_min_s=0.05, export_timeout_s=0.2
+        endpoint="127.0.0.1:9",
+        admit_timeout_ms=100,
+        reconnect_min_s=0.05,
+        export_timeout_s=0.2,
+        shutdown_ack_timeout_s=0.1,
     ):
 
         @guard.run(agent="bot", fail_closed=True)

@@ -104,7 +104,11 @@ def collector():
 def test_step_span_reaches_the_guard_quickly_through_the_real_otlp_exporter(collector) -> None:
     svc, port = collector
     with capture_spans(
-        endpoint=f"127.0.0.1:{port}", token="t0ken", hmac_key=b"k" * 16, admit_timeout_ms=50
+        endpoint=f"127.0.0.1:{port}",
+        token="t0ken",
+        hmac_key=b"k" * 16,
+        admit_timeout_ms=50,
+        shutdown_ack_timeout_s=0.1,  # a span collector only: no control stream acks RunEnded
     ):
         # warm-up run: channel connect and first export pay one-time costs
         @guard.run(agent="warm")
@@ -142,7 +146,12 @@ def test_step_span_reaches_the_guard_quickly_through_the_real_otlp_exporter(coll
 def test_export_errors_are_counted_not_raised() -> None:
     from guard.sdk._runtime import get_runtime
 
-    with capture_spans(endpoint="127.0.0.1:9", export_timeout_s=0.2, admit_timeout_ms=10):
+    with capture_spans(
+        endpoint="127.0.0.1:9",
+        export_timeout_s=0.2,
+        admit_timeout_ms=10,
+        shutdown_ack_timeout_s=0.1,
+    ):
 
         @guard.run(agent="a")
         def f() -> str:

@@ -191,7 +191,10 @@ def test_a_run_started_while_one_guard_is_down_goes_to_the_live_one() -> None:
 
 def test_every_guard_down_is_fail_open_and_backs_off_per_cycle() -> None:
     ports = [_dead_port(), _dead_port()]
-    with capture_spans(**_settings(ports, admit_timeout_ms=100, reconnect_min_s=0.2)):
+    # no guard ever answers: neither the RunEnded acks nor the span exports can come, so
+    # shutdown does not wait for them (shutdown's own bound: tests/sdk/test_sdk_records.py)
+    down = dict(shutdown_ack_timeout_s=0.1, export_timeout_s=0.2)
+    with capture_spans(**_settings(ports, admit_timeout_ms=100, reconnect_min_s=0.2, **down)):
         o = _steps_until_stopped(2)
         assert o.reason == "max_steps"  # local limits, no guard
         control = get_runtime().control

@@ -98,7 +98,12 @@ def test_without_a_client_certificate_the_agent_runs_under_local_limits(
     pki: dict[str, str], mtls_guard: dict[str, Any]
 ) -> None:
     """The CA alone verifies the guard, but the guard refuses the handshake: fail-open."""
-    with capture_spans(endpoint=f"127.0.0.1:{mtls_guard['port']}", tls_ca_file=pki["ca.pem"]):
+    with capture_spans(
+        endpoint=f"127.0.0.1:{mtls_guard['port']}",
+        tls_ca_file=pki["ca.pem"],
+        export_timeout_s=0.2,  # every export is refused too
+        shutdown_ack_timeout_s=0.1,  # the RunEnded records have nowhere to go: do not wait
+    ):
         control = get_runtime().control
         assert control is not None
         wait_until(lambda: control.counters["errors"] >= 1, 10)

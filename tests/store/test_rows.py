@@ -88,7 +88,7 @@ def _same_json(a: str, b: str) -> bool:
     return json.loads(a) == json.loads(b)
 
 
-@settings(max_examples=examples(3000), deadline=None)
+@settings(max_examples=examples(1000, full=3000), deadline=None)
 @given(_outcomes)
 def test_run_line_is_the_reference_row(o: Outcome) -> None:
     expected = _reference(o)

@@ -101,7 +101,7 @@ def _fields(draw: st.DrawFn) -> tuple[object, ...]:
     return tuple(fields)
 
 
-@settings(max_examples=examples(4000), deadline=None)
+@settings(max_examples=examples(1000, full=4000), deadline=None)
 @given(_fields())
 def test_native_line_is_the_reference_byte_for_byte(fields: tuple[object, ...]) -> None:
     expected = _rows._py_line(fields)
