@@ -50,9 +50,15 @@ class GuardProc:
     """``otel-guard serve`` on a fixed loopback port and data dir (so it can be restarted)."""
 
     def __init__(
-        self, port: int, data_dir: Path, *, grace_s: float = 30.0, dsn: str | None = None
+        self,
+        port: int,
+        data_dir: Path,
+        *,
+        grace_s: float = 30.0,
+        dsn: str | None = None,
+        drain_s: float = 5.0,
     ) -> None:
-        self.port, self.data_dir, self.dsn = port, data_dir, dsn
+        self.port, self.data_dir, self.dsn, self.drain_s = port, data_dir, dsn, drain_s
         self.cfg = data_dir / "guard.yaml"
         data_dir.mkdir(parents=True, exist_ok=True)
         self.cfg.write_text(f"guard:\n  agent_grace_s: {grace_s}\n")
@@ -65,7 +71,7 @@ class GuardProc:
     def start(self, timeout: float = 60.0) -> GuardProc:
         cmd = [sys.executable, "-m", "guard.cli", "serve", "--listen", self.address]
         cmd += ["--data-dir", str(self.data_dir), "--config", str(self.cfg), "--json"]
-        cmd += ["--log-level", "WARNING", "--drain-s", "5"]
+        cmd += ["--log-level", "WARNING", "--drain-s", f"{self.drain_s:g}"]
         if self.dsn:
             cmd += ["--clickhouse", self.dsn]
         log = open(self.data_dir / "guard.log", "a")  # noqa: SIM115 - lives with the process

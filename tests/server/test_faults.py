@@ -83,8 +83,11 @@ def test_agent_sigkill_ends_its_runs_as_agent_lost_once(tmp_path: Path) -> None:
 def test_store_outage_spools_every_record_and_replays_it_once(tmp_path: Path) -> None:
     # ClickHouse unreachable: a server DSN on a closed port. Records are durable in the data
     # dir (WAL, spool) and acknowledged; once a store is reachable they are replayed, once.
+    # The drain's store flush cannot finish either (the records stay in the spool, read back
+    # below): a short drain bound.
     closed = free_port()
-    guard = GuardProc(free_port(), tmp_path / "guard", dsn=f"http://127.0.0.1:{closed}/").start()
+    dsn = f"http://127.0.0.1:{closed}/"
+    guard = GuardProc(free_port(), tmp_path / "guard", dsn=dsn, drain_s=2.0).start()
     agents = [FleetAgent(guard.address, t, bounded=4, idle=1) for t in ("acme", "globex")]
     with running(guard, agents):
         for a in agents:
