@@ -169,8 +169,14 @@ class Fleet:
     def kill_holder(self, agent: F.FleetAgent) -> tuple[int, set[str]]:
         """SIGKILL the replica holding ``agent``'s live runs (at least one must be live).
         Returns its index and every run it held, of any agent."""
-        live = agent.live()
-        where = F.wait_until(lambda: (h := self.holders()) and live <= set(h) and h, 30, "held")
+
+        def held() -> tuple[dict[str, int], set[str]] | None:
+            # the agent's live runs are read again each time: a bounded run that ends before
+            # a replica lists it as held must not keep the wait from ever succeeding
+            where, live = self.holders(), agent.live()
+            return (where, live) if where and live and live <= set(where) else None
+
+        where, live = F.wait_until(held, 30, "held")
         victim = where[next(iter(live))]
         self.kill(victim)
         return victim, {rid for rid, i in where.items() if i == victim}
