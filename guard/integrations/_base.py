@@ -9,7 +9,8 @@ An integration adapts one library; the guarding is done here, once, with the SDK
   A framework run nested in another one of the same run (an agent called as a tool, a
   guardrail running an agent) shares its inferred step: only the outermost one closes it
   (:mod:`guard.integrations._framework_runs`).
-* :func:`begin_model_call` / :func:`abegin_model_call` guard one model call before it leaves:
+* :func:`begin_call` guards one model call before it leaves (a body of both forms,
+  :mod:`._twins`: ``drive`` it in sync code, ``await adrive`` it in async code):
   a cancelled or stopped run raises ``RunStopped`` (so at most the call in flight completes
   after a cancel), a step is inferred when the code opened none (:func:`step_for`), and the
   whole request (its prompt counted from the request, and its output: ``max_tokens``, else
@@ -51,7 +52,7 @@ from guard.integrations._steps import (
     step_for,
 )
 from guard.integrations._tools import ToolCall, admit_tool
-from guard.integrations._twins import Body, adrive, drive
+from guard.integrations._twins import Body
 from guard.sdk._config import get_settings
 from guard.sdk._decorator import agent_spec
 
@@ -71,11 +72,9 @@ __all__ = [
     "Prompt",
     "ToolCall",
     "Usage",
-    "abegin_model_call",
     "active_run",
     "admit_tool",
     "begin_call",
-    "begin_model_call",
     "end_inferred_step",
     "errors",
     "in_run",
@@ -272,35 +271,6 @@ def _begin(
     return step_for(run, new_turn=True), _reservation(run, model, max_tokens, prompt)
 
 
-def begin_model_call(
-    run: LiveRun,
-    *,
-    model: str,
-    max_tokens: int | None = None,
-    operation: str = "chat",
-    prompt: Prompt | None = None,
-) -> ModelCall | None:
-    """Before a model call leaves (sync): stop check, step, reservation of the request (its
-    ``prompt``, what it sends, and its ``max_tokens`` or an estimate of its reply).
-
-    ``RunStopped`` when the run is cancelled or stopped, or the reservation cannot be covered;
-    ``None`` when the guard side failed (the call then goes on unguarded; counted).
-    """
-    return drive(begin_call(run, False, model, max_tokens, operation, prompt))
-
-
-async def abegin_model_call(
-    run: LiveRun,
-    *,
-    model: str,
-    max_tokens: int | None = None,
-    operation: str = "chat",
-    prompt: Prompt | None = None,
-) -> ModelCall | None:
-    """:func:`begin_model_call` for async code (the tenant allowance wait does not block)."""
-    return await adrive(begin_call(run, True, model, max_tokens, operation, prompt))
-
-
 def begin_call(
     run: LiveRun,
     is_async: bool,
@@ -309,8 +279,13 @@ def begin_call(
     operation: str = "chat",
     prompt: Prompt | None = None,
 ) -> Body[ModelCall | None]:
-    """:func:`begin_model_call` as a body of both forms (:mod:`._twins`), for a wrapper's
-    own body to ``yield from``."""
+    """Before a model call leaves: stop check, step, reservation of the request (its
+    ``prompt``, what it sends, and its ``max_tokens`` or an estimate of its reply). A body
+    of both forms (:mod:`._twins`): a wrapper's own body ``yield from``-s it.
+
+    ``RunStopped`` when the run is cancelled or stopped, or the reservation cannot be covered;
+    ``None`` when the guard side failed (the call then goes on unguarded; counted).
+    """
     with _or_unguarded("guarding a model call"):
         step, res = _begin(run, model, max_tokens, prompt)
         if res is not None:

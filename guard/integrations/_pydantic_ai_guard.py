@@ -46,11 +46,12 @@ from guard.integrations._base import (
     ModelCall,
     Prompt,
     Usage,
-    abegin_model_call,
     active_run,
     admit_tool,
+    begin_call,
     note_error,
 )
+from guard.integrations._twins import adrive
 
 __all__ = ["GuardCapability", "GuardedModel"]
 
@@ -133,11 +134,9 @@ class GuardedModel(WrapperModel):
         run = active_run()
         if run is None:
             return None
-        return await abegin_model_call(
-            run,
-            model=self.model_name or "unknown",
-            max_tokens=_max_tokens(settings),
-            prompt=_prompt(messages, params),
+        name, max_tokens = self.model_name or "unknown", _max_tokens(settings)
+        return await adrive(
+            begin_call(run, True, name, max_tokens, prompt=_prompt(messages, params))
         )
 
     async def request(self, messages: Any, model_settings: Any, params: Any) -> Any:

@@ -1,7 +1,7 @@
 """One body for a wrapper's sync and async forms.
 
 A guarded wrapper is the same in its sync and its async form except at the calls the async
-form awaits (the wrapped method, ``abegin_model_call``, a stream's next item). So it is
+form awaits (the wrapped method, the reservation's tenant wait, a stream's next item). So it is
 written once, as a generator body taking ``is_async``: at such a point it makes the call, and
 in the async form hands what it got back to its driver with ``yield`` and goes on with the
 result sent back::

@@ -8,10 +8,11 @@ and hash the usual arguments without building that text, and the tests hold them
 from __future__ import annotations
 
 import hashlib
+import importlib
 import secrets
 from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from guard.errors import InvalidInput
 from guard.policy._canonical import (
@@ -32,9 +33,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Fingerprinter", "hash64", "native_available"]
 
 
+@runtime_checkable
 class Native(Protocol):
-    """The native fast paths' module (``_speedups.c``, described by ``_speedups.pyi``) as the
-    Python code calls it: a hash state is opaque bytes; ``None`` = outside the fast case."""
+    """The native fast paths' module (``_speedups.c``) as the Python code calls it, and the
+    one declaration of its types: a hash state is opaque bytes; ``None`` = outside the fast
+    case. The pure-Python reference of each function is here, in ``_loops.py`` and in
+    ``_kernels.py``."""
 
     def state(self, data: bytes, base: bytes | None = None, /) -> bytes: ...
     def mac(self, inner: bytes, outer: bytes, payload: str, /) -> str: ...
@@ -103,7 +107,7 @@ except ImportError:  # pragma: no cover - builds without it
     _sha256 = hashlib.sha256
 _BUILT: Native | None
 try:  # optional native fast paths (_speedups.c); the Python code here is the reference
-    from guard.policy import _speedups as _BUILT
+    _BUILT = cast(Native, importlib.import_module("guard.policy._speedups"))
 except ImportError:  # pragma: no cover - installed without a C compiler
     _BUILT = None
 _NATIVE: Native | None = _BUILT  # what new fingerprinters and loop detectors use (see use_native)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import types
 
 import pytest
 from _hyp import examples
@@ -218,3 +219,10 @@ def test_observe_refuses_mismatched_rings() -> None:
         N.observe(array("Q", [0] * 4), array("Q", [0] * 4), 4, "a" * 32, None, 2, 4)
     with pytest.raises(ValueError, match="unequal"):
         N.observe(array("Q", [0] * 4), array("Q", [0] * 3), 0, "a" * 32, None, 2, 4)
+
+
+def test_the_built_module_has_every_function_its_protocol_declares() -> None:
+    # Native is the one declaration of the module's types (there is no stub): a function
+    # renamed or dropped in the C must fail here, not at its first call.
+    assert isinstance(N, F.Native)
+    assert not isinstance(types.SimpleNamespace(state=N.state, mac=N.mac), F.Native)

@@ -13,6 +13,7 @@ policy's native paths are off (``OTEL_GUARD_PURE_PYTHON=1``: the Python loop alo
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -28,6 +29,9 @@ __all__ = ["NativeApplier", "applier", "available"]
 
 
 class NativeApplier(NamedTuple):
+    """The functions of ``_applynative.c`` the applier calls: the one declaration of their
+    types (``configure`` is called here only)."""
+
     apply: Callable[..., int]
     flush: Callable[[dict[Any, Any], dict[str, Any]], None]
     conclude: Callable[[dict[Any, Any], float, Callable[[Any, Any], None]], None]
@@ -35,7 +39,7 @@ class NativeApplier(NamedTuple):
 
 _NATIVE: ModuleType | None
 try:
-    from guard.server.applier import _applynative as _NATIVE
+    _NATIVE = importlib.import_module("guard.server.applier._applynative")
 except ImportError:  # pragma: no cover - installed without a C compiler
     _NATIVE = None
 
