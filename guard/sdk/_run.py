@@ -149,7 +149,7 @@ class LiveRun(RunFlow):
             with parent._lock:
                 parent._children.append(self)
 
-    # -- public surface -------------------------------------------------------------------
+    # -- public surface (documented on guard.Run, the handle agent code holds) -------------
     def __bool__(self) -> bool:
         return True
 
@@ -158,12 +158,10 @@ class LiveRun(RunFlow):
 
     @property
     def limits(self) -> Limits:
-        """The effective limits (decorator, tightened by the guard's admit)."""
         return self.budget.limits
 
     @property
     def cancelled(self) -> bool:
-        """True as soon as a cancel (or deadline/guard stop) is requested, from any thread."""
         return self._interrupt is not None
 
     @property
@@ -174,24 +172,16 @@ class LiveRun(RunFlow):
         return self.budget.usage()
 
     def remaining(self) -> Remaining:
-        """What is left: seconds, steps, tokens, cost_usd, tool_calls (``None`` = unlimited)."""
         return self.budget.remaining()
 
     def timeout(self, configured_s: float | None = None) -> float | None:
-        """``min(configured_s, remaining time - safety margin)``: use for every I/O timeout."""
         return self.budget.effective_timeout(configured_s)
 
     def raise_if_cancelled(self) -> None:
-        """Raise ``RunStopped`` if the run was cancelled or must stop (a cheap check)."""
         if self._interrupt is not None or self._pending is not None:
             self.check_stop()
 
     def cancel(self, reason: str | Reason = "user_cancel", detail: str = "") -> bool:
-        """Cancel the run from any thread or task. Returns False when it had already ended.
-
-        ``reason`` is a stop reason (``user_cancel`` by default); free text is recorded as the
-        detail of a ``user_cancel``.
-        """
         try:
             r = Reason(reason)
         except ValueError:
@@ -200,7 +190,6 @@ class LiveRun(RunFlow):
         return self.interrupt(r, detail, by)
 
     def on_cancel(self, callback: Callable[[], Any]) -> None:
-        """Call ``callback()`` when the run is cancelled or stopped (runs at once if it was)."""
         with self._lock:
             fire = self._interrupt is not None
             if not fire:
@@ -209,15 +198,9 @@ class LiveRun(RunFlow):
             safe_call(callback)
 
     def on_directive(self, callback: Callable[[str, str, str], Any]) -> None:
-        """Call ``callback(action, reason, detail)`` on each warn / wrap_up (local or guard)."""
         self._directive_cbs.append(callback)
 
     def track_process(self, proc: Any) -> Any:
-        """Register a subprocess (Popen, asyncio Process or pid); its group dies on cancel.
-
-        Start it with ``start_new_session=True`` so the whole process tree is one group.
-        Returns ``proc`` for chaining.
-        """
         tp = TrackedProcess(proc)
         with self._lock:
             self._procs = [p for p in self._procs if p.pgid is not None or p.alive()]
@@ -253,7 +236,6 @@ class LiveRun(RunFlow):
         self._arm_deadline()
 
     def pause(self, reason: str = "") -> None:
-        """Pause for approval: not a stop. The deadline freezes if the policy says so."""
         self.budget.pause()
         if self.limits.pause_freezes_deadline:
             self._disarm_deadline()
@@ -267,14 +249,12 @@ class LiveRun(RunFlow):
             self.span.add_event(A.RESUME_EVENT)
 
     def evidence(self, name: str, ok: bool = True) -> None:
-        """Record evidence (e.g. ``tests_passed``) for ``require_evidence``."""
         with self._lock:
             self.evidence_seen[name] = bool(ok)  # the latest word wins (tests fixed, re-run)
         if self.span is not None:
             self.span.add_event(A.EVIDENCE_EVENT, {A.EVIDENCE_NAME: name, A.EVIDENCE_OK: bool(ok)})
 
     def mark_partial(self, value: bool = True) -> None:
-        """Say explicitly whether a usable partial result exists if the run stops."""
         self.partial_result = value
 
     # -- interrupts (any thread) ----------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from guard import wire
 from guard.errors import GuardError, InputTooLarge, InvalidInput
 from guard.server._host import GuardHost
 from guard.server.control._clocks import note_hello_clock
@@ -45,18 +46,6 @@ from guard.server.runtime import _memtrim
 from guard.server.runtime._status import abort_for
 from guard.v1 import guard_pb2 as pb
 from guard.v1 import guard_pb2_grpc
-from guard.wire import (
-    MAX_BATCH_BYTES,
-    MAX_BATCH_MESSAGES,
-    check_allowance_request,
-    check_batch,
-    check_heartbeat,
-    check_hello,
-    check_run_started,
-    policy_to_pb,
-    take_encoded,
-    welcome_to_pb,
-)
 
 __all__ = [
     "HELLO_CHECK_SLICE",
@@ -74,7 +63,7 @@ HELLO_CHECK_SLICE = 256  # Hello.live_runs validated between two yields
 # The largest AgentMessage read: the largest batch the SDK makes (its messages' bytes, their
 # framing, the batch's own), so no message a well-behaved agent sends is refused for its
 # size; OTLP Export keeps the server's larger limit (``GuardServer.max_message_bytes``).
-MAX_CONTROL_MESSAGE_BYTES = MAX_BATCH_BYTES + 6 * MAX_BATCH_MESSAGES + 16
+MAX_CONTROL_MESSAGE_BYTES = wire.MAX_BATCH_BYTES + 6 * wire.MAX_BATCH_MESSAGES + 16
 
 
 def apply_message(
@@ -88,18 +77,18 @@ def apply_message(
         rs = msg.run_started
         if mend_started(rs, time.time(), getattr(session, "clock_skew_s", None)):
             registry.stats["runs_clock_mended"] = registry.stats.get("runs_clock_mended", 0) + 1
-        check_run_started(rs)
+        wire.check_run_started(rs)
         registry.register(session, rs, principal)
     elif body == "run_ended":
         # refused on its own (Reject), never ending the stream: see _record_in
         end_record(registry, session, msg.run_ended.outcome, principal)
     elif body == "heartbeat":
-        check_heartbeat(msg.heartbeat)
+        wire.check_heartbeat(msg.heartbeat)
         registry.heartbeat(session, msg.heartbeat)
     elif body == "ack":
         registry.ack(session, msg.ack)
     elif body == "allowance_request":
-        check_allowance_request(msg.allowance_request)
+        wire.check_allowance_request(msg.allowance_request)
         registry.budgets.request(session, msg.allowance_request, principal)
     elif body == "hello":
         raise InvalidInput("hello sent twice on one stream")
@@ -203,7 +192,9 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         await self._hello(session, msg.hello, principal)
                     elif body == "batch":
                         try:
-                            check_batch(msg.batch)  # then each message at its turn, as if alone
+                            wire.check_batch(
+                                msg.batch
+                            )  # then each message at its turn, as if alone
                         except InvalidInput as exc:  # none of it applies; the stream goes on
                             refuse(registry, session, msg, body, exc)
                             continue
@@ -227,7 +218,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                 # whatever else is ready goes in the same write (one GuardBatch for an agent
                 # that reads them: one grpc message instead of one per command), as bytes
                 if batches:
-                    payload, carry, closing = take_encoded(queue, item, AgentSession.is_close)
+                    payload, carry, closing = wire.take_encoded(queue, item, AgentSession.is_close)
                 else:
                     closing = AgentSession.is_close(item)
                     payload, carry = None if closing else item, None
@@ -252,7 +243,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
         RunStarted, after the Welcome), as it would be when sent alone: a run the agent
         registered while disconnected must not keep its whole process from the guard."""
         registry = self.app.registry
-        check_hello(hello, live_runs=False)
+        wire.check_hello(hello, live_runs=False)
         # authorise before welcoming: a refused stream gets no policy
         tenant = hello.tenant or (principal.tenant or "")
         principal.check_tenant(tenant, "the stream")
@@ -266,7 +257,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
             for i, rs in enumerate(hello.live_runs, 1):
                 mend_started(rs, now, skew)
                 try:
-                    check_run_started(rs)
+                    wire.check_run_started(rs)
                 except InvalidInput as exc:
                     refused[i] = exc
                 principal.check_tenant(rs.tenant or tenant)
@@ -295,7 +286,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
 
     def _welcome(self, session: AgentSession) -> pb.Welcome:
         cfg = self.app.config
-        return welcome_to_pb(
+        return wire.welcome_to_pb(
             self.app.guard_id,
             session.session_id,
             int(cfg.guard.heartbeat_interval_ms),
@@ -305,7 +296,7 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
 
     @staticmethod
     def policy(config: Any) -> pb.Policy:
-        return policy_to_pb(config)
+        return wire.policy_to_pb(config)
 
 
 def _serialize(msg: Any) -> bytes:

@@ -137,6 +137,13 @@ class HttpReceiver:
     loop) starts the receiver's thread, binds and serves; ``await stop()`` lets in-flight
     requests finish within its grace, then closes and ends the thread."""
 
+    # The connection limits, the same for every receiver (a test may set them on one).
+    max_connections = MAX_CONNECTIONS
+    max_connections_per_ip = MAX_CONNECTIONS_PER_IP
+    max_requests = MAX_REQUESTS
+    max_chunks = MAX_CHUNKS
+    retry_after_s = RETRY_AFTER_S
+
     def __init__(
         self,
         app: GuardHost,
@@ -153,11 +160,6 @@ class HttpReceiver:
         self.ssl_context = ssl_context
         self.body_timeout_s = body_timeout_s
         self.idle_timeout_s = idle_timeout_s
-        self.max_connections = MAX_CONNECTIONS
-        self.max_connections_per_ip = MAX_CONNECTIONS_PER_IP
-        self.max_requests = MAX_REQUESTS
-        self.max_chunks = MAX_CHUNKS
-        self.retry_after_s = RETRY_AFTER_S
         self.budget = Budget(INFLIGHT_FACTOR * self.max_body_bytes)
         self.connections = ConnectionCounts()  # the receiver's thread only
         self.log_limiter = LogLimiter()  # the receiver's thread only

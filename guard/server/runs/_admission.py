@@ -39,8 +39,7 @@ from guard.v1 import guard_pb2 as pb
 from guard.wire import admit_to_pb, limits_from_pb, usage_from_pb
 
 if TYPE_CHECKING:  # pragma: no cover
-    from guard.server.directory._interface import RunDirectory
-    from guard.server.tenants._interface import TenantBudgets
+    pass
 
 __all__ = ["Admission"]
 
@@ -82,8 +81,6 @@ class Admission(RunPart):
     def __init__(
         self,
         scope: Scope,
-        budgets: TenantBudgets,
-        directory: RunDirectory,
         *,
         decisions: DecisionRouter,
         rejoin: Rejoin,
@@ -91,8 +88,6 @@ class Admission(RunPart):
         sessions: OrderedSet[AgentSession],
     ) -> None:
         super().__init__(scope)
-        self.budgets = budgets
-        self.directory = directory
         self.decisions = decisions
         self.rejoin = rejoin
         self._forget = forget

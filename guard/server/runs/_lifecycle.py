@@ -30,10 +30,8 @@ from guard.wire import record_ack_to_pb
 
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server.control._fanout import AgentSession
-    from guard.server.directory._interface import RunDirectory
     from guard.server.runs._state import RunState
     from guard.server.runtime._auth import Principal
-    from guard.server.tenants._interface import TenantBudgets
 
 __all__ = ["ENDED_MEMORY", "UNWRITTEN_MAX", "Lifecycle", "Readiness"]  # ENDED_MEMORY: see _table
 
@@ -55,8 +53,6 @@ class Lifecycle(RunPart):
     def __init__(
         self,
         scope: Scope,
-        budgets: TenantBudgets,
-        directory: RunDirectory,
         sink: Any,
         *,
         sessions: OrderedSet[AgentSession],
@@ -64,8 +60,6 @@ class Lifecycle(RunPart):
         super().__init__(scope)
         self.detached = scope.table.detached
         self.span_only = scope.table.span_only
-        self.budgets = budgets
-        self.directory = directory
         self.sink = sink
         self.sessions = sessions
         self.grace_s = float(scope.config.guard.agent_grace_s)

@@ -110,22 +110,17 @@ class Registry:
         self.budgets: TenantBudgets = chosen.budgets
         self.directory: RunDirectory = chosen.directory
         self.bus: DirectiveBus = chosen.bus
-        scope = Scope(config, t, clock, self.stats)
-        budgets, directory = self.budgets, self.directory
-        self.lifecycle = life = Lifecycle(scope, budgets, directory, sink, sessions=self.sessions)
+        scope = Scope(config, t, clock, self.stats, self.budgets, self.directory)
+        self.lifecycle = life = Lifecycle(scope, sink, sessions=self.sessions)
         self.decisions = dec = DecisionRouter(scope, self.bus, self.log, end_run=life.end_run)
         self.rejoin = rej = Rejoin(
             scope,
-            budgets,
-            directory,
             decisions=dec,
             ingest=self.ingest,  # through the applier the registry has then (tests swap it)
             forget=life.forget,
         )
         self.admission = adm = Admission(
             scope,
-            budgets,
-            directory,
             decisions=dec,
             rejoin=rej,
             forget=life.forget,

@@ -26,9 +26,7 @@ from guard.server.runtime._auth import Principal
 if TYPE_CHECKING:  # pragma: no cover
     from guard.server.decisions._router import DecisionRouter
     from guard.server.decode._schema import Observation
-    from guard.server.directory._interface import RunDirectory
     from guard.server.runs._state import RunState
-    from guard.server.tenants._interface import TenantBudgets
 
 # the registry's span path, for the spans a provisional run kept (Registry.ingest: the
 # applier it has at the time of the call)
@@ -49,16 +47,12 @@ class Rejoin(RunPart):
     def __init__(
         self,
         scope: Scope,
-        budgets: TenantBudgets,
-        directory: RunDirectory,
         *,
         decisions: DecisionRouter,
         ingest: Ingest,
         forget: Callable[[RunState], None],
     ) -> None:
         super().__init__(scope)
-        self.budgets = budgets
-        self.directory = directory
         self.decisions = decisions
         self.ingest = ingest
         self._forget = forget
