@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from guard._wire_values import limits_to_pb, usage_to_pb
+from guard.policy._allowance import AllowanceGrant
 from guard.policy._types import Limits, Usage
 from guard.v1 import guard_pb2 as pb
 
@@ -91,28 +92,20 @@ def directive_to_pb(
 
 
 def allowance_to_pb(
-    run_id: str,
-    *,
-    request_id: int = 0,
-    ttl_s: float = 0.0,
-    exhausted: bool = False,
-    detail: str = "",
-    max_cost_usd: float | None = None,
-    max_tokens: float | None = None,
-    into: Any = None,
+    grant: AllowanceGrant, *, request_id: int = 0, ttl_s: float = 0.0, into: Any = None
 ) -> pb.Allowance:
-    """An allowance; ``ttl_s=0`` (the default) tells the SDK it has none (unknown run).
-    ``into``: an Allowance to fill in place (a command's body)."""
+    """A run's grant as an Allowance; ``ttl_s=0`` (the default) tells the SDK it has none
+    (unknown run). ``into``: an Allowance to fill in place (a command's body)."""
     msg = pb.Allowance() if into is None else into
-    msg.run_id = run_id
+    msg.run_id = grant.run_id
     msg.request_id = request_id
     msg.ttl_s = ttl_s
-    msg.exhausted = exhausted
-    msg.detail = detail
-    if max_cost_usd is not None:
-        msg.max_cost_usd = max_cost_usd
-    if max_tokens is not None:
-        msg.max_tokens = int(min(max_tokens, _MAX_TOKENS))
+    msg.exhausted = grant.exhausted
+    msg.detail = grant.detail
+    if grant.max_cost_usd is not None:
+        msg.max_cost_usd = grant.max_cost_usd
+    if grant.max_tokens is not None:
+        msg.max_tokens = int(min(grant.max_tokens, _MAX_TOKENS))
     return msg
 
 

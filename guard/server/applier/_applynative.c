@@ -541,5 +541,5 @@ static PyMethodDef methods[] = {
  * into subinterpreters, and it keeps the GIL (3.13 free threading). */
 static PyModuleDef_Slot module_slots[] = {GUARD_SLOTS_ONE_PER_PROCESS {0, NULL}};
 
-GUARD_MODULE(_applynative, "The native span applier of guard.server._ingest.", methods,
+GUARD_MODULE(_applynative, "The native span applier of guard.server.applier.", methods,
              module_slots)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from guard.errors import InvalidInput
-from guard.policy import TenantAllowances, Usage
+from guard.policy import AllowanceGrant, TenantAllowances, Usage
 from guard.server.decode._schema import (
     CACHED,
     COST,
@@ -105,20 +105,13 @@ class Allowances:
             self._ledgers[tenant] = led
         return led
 
-    def push(self, session: AgentSession | None, grant: Any, request_id: int = 0) -> None:
+    def push(
+        self, session: AgentSession | None, grant: AllowanceGrant, request_id: int = 0
+    ) -> None:
         if session is None or session.closed:
             return
         msg, body = session.compose("allowance")
-        allowance_to_pb(
-            grant.run_id,
-            request_id=request_id,
-            ttl_s=self.ttl_s,
-            exhausted=grant.exhausted,
-            detail=grant.detail,
-            max_cost_usd=grant.max_cost_usd,
-            max_tokens=grant.max_tokens,
-            into=body,
-        )
+        allowance_to_pb(grant, request_id=request_id, ttl_s=self.ttl_s, into=body)
         session.post(msg)
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -158,11 +151,14 @@ class Allowances:
             or (principal.tenant is not None and run.tenant != principal.tenant)
         ):
             self.registry.stats["allowance_unknown"] += 1
-            session.send("allowance", allowance_to_pb(req.run_id[:256], request_id=req.request_id))
+            unknown = AllowanceGrant(req.run_id[:256], None, None)
+            session.send("allowance", allowance_to_pb(unknown, request_id=req.request_id))
             return None
         root = root_of(run)
         if self.ledger(root.tenant) is None:  # no window: nothing to ask for (no ceilings)
-            self.push(session, _Unlimited(req.run_id), req.request_id)
+            self.push(
+                session, AllowanceGrant(req.run_id, None, None), req.request_id
+            )  # no ceilings
             return None
         return root
 
@@ -294,16 +290,3 @@ def spend_of(usage: Any) -> tuple[float, float] | None:
     cost = usage.cost_usd or 0.0
     tokens = float(usage.input_tokens + usage.output_tokens)
     return (cost, tokens) if math.isfinite(cost) and cost >= 0 else None
-
-
-class _Unlimited:
-    """The answer for a tenant without windows: no ceilings at all."""
-
-    __slots__ = ("run_id",)
-    max_cost_usd = None
-    max_tokens = None
-    exhausted = False
-    detail = ""
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
