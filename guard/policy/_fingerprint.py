@@ -61,20 +61,13 @@ class Native(Protocol):
         self, budget: type, usage: type, loop_detector: type, forecaster: type, ok: object, /
     ) -> None: ...
     # The record kernels (_kernels.py), which the native span applier calls.
-    @property
-    def budget_step(self) -> Callable[..., object]: ...
-    @property
-    def budget_model_call(self) -> Callable[..., object]: ...
-    @property
-    def budget_tool_calls(self) -> Callable[..., object]: ...
-    @property
-    def budget_quiet(self) -> Callable[..., object]: ...
-    @property
-    def loop_observe(self) -> Callable[..., object]: ...
-    @property
-    def loop_end_step(self) -> Callable[..., object]: ...
-    @property
-    def forecast_observe(self) -> Callable[..., object]: ...
+    budget_step: Callable[..., object]
+    budget_model_call: Callable[..., object]
+    budget_tool_calls: Callable[..., object]
+    budget_quiet: Callable[..., object]
+    loop_observe: Callable[..., object]
+    loop_end_step: Callable[..., object]
+    forecast_observe: Callable[..., object]
 
 
 def hash64(hex_digest: str | None) -> int:

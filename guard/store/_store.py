@@ -23,7 +23,7 @@ from guard.store._reporting import Report, ReportQuery, query_report
 from guard.store._rows import dead_letter_row, decision_row, encode_row, run_line
 from guard.store._schema import migrate
 from guard.store._wal import Spool, Wal, lock_dir, recover_to_spool
-from guard.store._writer import Writer
+from guard.store._writer import Shared, Writer
 
 __all__ = ["RecordNotDurable", "Store", "open_store", "read_report"]
 
@@ -162,19 +162,14 @@ class Store:
             if isinstance(ex, StoreError | ConfigError):
                 raise
             raise StoreError(f"cannot open store {dsn.redacted()}: {ex}") from ex
+        parts = (self._wal, self._spool, self._lock, self._q, self._counters, self._epoch)
+        shared = Shared(*parts, claims=self.claims, disk=self.disk)
         self._writer = Writer(
+            shared,
             client_factory=self._connect_writer,
             database=self.database,
-            wal=self._wal,
-            spool=self._spool,
-            lock=self._lock,
-            queue=self._q,
-            counters=self._counters,
-            epoch=self._epoch,
             batch_rows=batch_rows,
             flush_interval_s=flush_interval_s,
-            claims=self.claims,
-            disk=self.disk,
         )
         self._writer.client = client
         self._writer.start()

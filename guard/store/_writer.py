@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from guard.store._backoff import Backoff
@@ -51,36 +52,38 @@ _TABLES = {
 _RECENT_RUN_IDS = 100_000
 
 
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What a store and its writer thread share; ``lock`` guards all of it. ``claims``: the
+    fleet-wide record claims (``serve --redis``), else ``None``."""
+
+    wal: Wal
+    spool: Spool
+    lock: threading.Lock
+    queue: deque
+    counters: dict[str, int]
+    epoch: str
+    claims: RecordClaims | None
+    disk: DiskState
+
+
 class Writer(threading.Thread):
-    """Drains ``queue`` into ClickHouse. All shared state is guarded by ``lock``."""
+    """Drains the shared queue into ClickHouse."""
 
     def __init__(
         self,
+        shared: Shared,
         *,
         client_factory: Callable[[], Any],
         database: str,
-        wal: Wal,
-        spool: Spool,
-        lock: threading.Lock,
-        queue: deque,
-        counters: dict[str, int],
-        epoch: str,
         batch_rows: int,
         flush_interval_s: float,
-        claims: RecordClaims | None = None,
-        disk: DiskState | None = None,
     ) -> None:
         super().__init__(name="otel-guard-store-writer", daemon=True)
-        self.claims = claims  # fleet-wide record claims (serve --redis), else None
+        self._s = shared
         self._client_factory = client_factory
         self.client: Any = None
         self._db = database
-        self._wal = wal
-        self._spool = spool
-        self._lock = lock
-        self._q = queue
-        self._c = counters
-        self._epoch = epoch
         self.batch_rows = batch_rows
         self.flush_interval_s = flush_interval_s
         self.wake = threading.Event()
@@ -95,7 +98,6 @@ class Writer(threading.Thread):
         self._ch_retry = Backoff(min_s=0.25, max_s=30.0)
         self._recent = RecentIds(_RECENT_RUN_IDS)
         self.committed = CommittedRuns(database)
-        self.disk = disk if disk is not None else DiskState()  # shared with the store (lock)
         # Batches neither ClickHouse nor the spool took (disk full), in order:
         # (kind, token, rows, lo). held_rows is read by the store under the lock.
         self.held: deque[tuple[str, str, list[str], int]] = deque()
@@ -116,16 +118,16 @@ class Writer(threading.Thread):
                 self._drain()
                 self._retry_held()
                 self._replay()
-                if self.claims is not None:  # what was stored while Redis was down
-                    self._c["records_claim_conflicts"] += self.claims.backfill()
+                if self._s.claims is not None:  # what was stored while Redis was down
+                    self._s.counters["records_claim_conflicts"] += self._s.claims.backfill()
             except Exception:  # never let the thread die: records are safe in the WAL
                 log.exception("store writer cycle failed; retrying")
                 time.sleep(0.2)
-            with self._lock:  # set idle under the lock: _accept clears it under the lock
+            with self._s.lock:  # set idle under the lock: _accept clears it under the lock
                 caught_up = self._next_seq > self.last_seq and not self.overflow
                 caught_up = caught_up and not self.held  # held: in memory (and the WAL) only
                 self.caught_up = caught_up
-                if caught_up and not self._spool.pending:
+                if caught_up and not self._s.spool.pending:
                     self.idle.set()
             # Stopping with records held (the disk refused them this cycle): they stay in
             # the WAL, which close() keeps, and the next open recovers them.
@@ -134,7 +136,7 @@ class Writer(threading.Thread):
 
     def _drain(self) -> None:
         while True:
-            with self._lock:
+            with self._s.lock:
                 overflow, self.overflow = self.overflow, False
                 last = self.last_seq
             if overflow:  # read what never reached memory back from the WAL
@@ -143,7 +145,7 @@ class Writer(threading.Thread):
                     self._process(items[i : i + self.batch_rows])
                 self._next_seq = max(self._next_seq, last + 1)
                 continue
-            q = self._q  # in seq order (appended under the lock): stale items are a prefix
+            q = self._s.queue  # in seq order (appended under the lock): stale items are a prefix
             while q and q[0][0] < self._next_seq:
                 q.popleft()
             items = [q.popleft() for _ in range(min(len(q), self.batch_rows))]
@@ -152,17 +154,17 @@ class Writer(threading.Thread):
             if items[0][0] > self._next_seq:  # a gap (a failed cycle): the WAL has it
                 items = self._from_wal(self._next_seq, items[0][0] - 1) + items
             self._process(items)
-            if len(self._q) < self.batch_rows and not self.stopping:
+            if len(self._s.queue) < self.batch_rows and not self.stopping:
                 return  # wait for a full batch or the next tick
 
     def _from_wal(self, lo: int, hi: int) -> list[tuple[int, str, str, str]]:
         """Records lo..hi from the WAL, plus any still queued (a record whose WAL append
         failed lives only in the queue)."""
-        with self._lock:
-            paths = self._wal.segments()
-        found = {rec[0]: (*rec, _key(rec)) for rec in self._wal.read_range(paths, lo, hi)}
-        while self._q and self._q[0][0] <= hi:
-            item = self._q.popleft()
+        with self._s.lock:
+            paths = self._s.wal.segments()
+        found = {rec[0]: (*rec, _key(rec)) for rec in self._s.wal.read_range(paths, lo, hi)}
+        while self._s.queue and self._s.queue[0][0] <= hi:
+            item = self._s.queue.popleft()
             if item[0] >= lo:
                 found.setdefault(item[0], item)
         return [found[seq] for seq in sorted(found)]
@@ -175,16 +177,16 @@ class Writer(threading.Thread):
             if kind in kinds:  # the common batch is runs only: no per-item filtering
                 part = items if len(kinds) == 1 else [it for it in items if it[1] == kind]
                 _, _, rows, keys = (list(col) for col in zip(*part, strict=True))
-                token = f"{self._epoch}-{kind}-{lo}-{hi}"
+                token = f"{self._s.epoch}-{kind}-{lo}-{hi}"
                 batch: tuple[str, str, list[str], list[str], bool] = (kind, token, rows, [], False)
                 batches.append(self._runs_batch(token, rows, keys) if kind == "r" else batch)
         try:
-            with self._lock:
+            with self._s.lock:
                 for kind, token, _, excluded, final in batches:
-                    self._wal.mark_batch(kind.lower(), lo, hi, token, excluded, final)
-            self._wal.fsync()
+                    self._s.wal.mark_batch(kind.lower(), lo, hi, token, excluded, final)
+            self._s.wal.fsync()
         except OSError as ex:  # markers only make a crash-replay reuse the token: go on
-            (log.debug if self.disk.full else log.error)(
+            (log.debug if self._s.disk.full else log.error)(
                 "store: WAL marker write failed (%s); delivering batch %d-%d anyway", ex, lo, hi
             )
         for kind, token, rows, _, _ in batches:
@@ -201,12 +203,12 @@ class Writer(threading.Thread):
         if done <= self._marked_hi:
             return
         try:
-            with self._lock:
-                self._wal.mark_done(done)
-                self._wal.retire(done)
+            with self._s.lock:
+                self._s.wal.mark_done(done)
+                self._s.wal.retire(done)
             self._marked_hi = done
         except OSError as ex:  # marked again after the next batch
-            (log.debug if self.disk.full else log.error)(
+            (log.debug if self._s.disk.full else log.error)(
                 "store: WAL done-marker write failed (%s)", ex
             )
 
@@ -230,19 +232,19 @@ class Writer(threading.Thread):
             rows, ids, mine = [], [], set()
             for row, run_id in zip(batch_rows, batch_ids, strict=True):
                 if run_id in mine:  # a repeat within the batch: first wins, nothing to mark
-                    self._c["deduplicated"] += 1
+                    self._s.counters["deduplicated"] += 1
                 elif run_id in self._recent:
-                    self._c["deduplicated"] += 1
+                    self._s.counters["deduplicated"] += 1
                     excluded[run_id] = None
                 else:
                     mine.add(run_id)
                     rows.append(row)
                     ids.append(run_id)
         self._recent.add(ids)
-        if rows and self.claims is not None:  # before anything is written under its token
+        if rows and self._s.claims is not None:  # before anything is written under its token
             held = self._claimed_elsewhere(ids)
             if held:
-                self._c["deduplicated"] += len(held)
+                self._s.counters["deduplicated"] += len(held)
                 excluded.update(dict.fromkeys(sorted(held)))
                 rows, ids = without(rows, ids, held)
         final = False
@@ -254,7 +256,7 @@ class Writer(threading.Thread):
             else:
                 final = True
                 if present:
-                    self._c["deduplicated"] += len(present)
+                    self._s.counters["deduplicated"] += len(present)
                     excluded.update(dict.fromkeys(sorted(present)))
                     rows, ids = without(rows, ids, present)
         self.committed.add(ids)
@@ -265,7 +267,7 @@ class Writer(threading.Thread):
     def _live(self) -> bool:
         """May a batch go to ClickHouse now (nothing spooled or held ahead of it, not
         backing off)?"""
-        return not self.held and not self._spool.pending and self._ch_retry.due()
+        return not self.held and not self._s.spool.pending and self._ch_retry.due()
 
     def _client(self) -> Any:
         if self.client is None:
@@ -289,7 +291,7 @@ class Writer(threading.Thread):
             self._quarantine(kind, token, bad, len(rows))
         delivered = len(rows) - len(bad)
         if kind != "x":
-            self._c["written"] += delivered
+            self._s.counters["written"] += delivered
         return delivered
 
     def _quarantine(self, kind: str, token: str, bad: list[tuple[str, str]], n: int) -> None:
@@ -298,7 +300,7 @@ class Writer(threading.Thread):
         if kind != "x":  # raises when ClickHouse is down: the batch is retried, same tokens
             rows = [dead_letter_row(table, token, err, row) for row, err in bad]
             refused = bisect_insert(lambda tok, p: self.insert("x", tok, p), f"{token}-dl", rows)
-        self._c["dead_lettered"] += len(bad)
+        self._s.counters["dead_lettered"] += len(bad)
         log.error(
             "store: ClickHouse refused %d of %d %s rows of batch %s as bad data; quarantined "
             "in %s.dead_letter, the other rows were delivered: %s",
@@ -313,7 +315,7 @@ class Writer(threading.Thread):
             self._to_file(table, token, refused)
 
     def _to_file(self, table: str, token: str, bad: list[tuple[str, str]]) -> None:
-        path = self._spool.path.parent / "dead_letter.log"
+        path = self._s.spool.path.parent / "dead_letter.log"
         keep_on_disk(path, table, token, bad)
         log.error("store: %d dead-letter records kept in %s", len(bad), path)
 
@@ -322,15 +324,15 @@ class Writer(threading.Thread):
         (or batches are held already: the spool must keep their order), hold it."""
         if not self.held:
             try:
-                self._spool.append(kind, token, rows)
+                self._s.spool.append(kind, token, rows)
             except OSError as ex:
-                with self._lock:
-                    self.disk.failed("spool write", ex)
+                with self._s.lock:
+                    self._s.disk.failed("spool write", ex)
             else:
                 if kind != "x":
-                    self._c["spooled"] += len(rows)
+                    self._s.counters["spooled"] += len(rows)
                 return
-        with self._lock:
+        with self._s.lock:
             self.held.append((kind, token, rows, lo))
             self.held_rows += len(rows)
             self.held_failed_at = time.monotonic()
@@ -339,12 +341,12 @@ class Writer(threading.Thread):
         """Spool the held batches, in order, when the backoff is due; probe the data dir
         when nothing is held but the disk was found full (a refused WAL append): the
         condition ends when the disk takes writes again."""
-        disk = self.disk
+        disk = self._s.disk
         if not disk.full or not disk.due():
             return
         if not self.held:
-            error = probe_writable(self._spool.path.parent)
-            with self._lock:
+            error = probe_writable(self._s.spool.path.parent)
+            with self._s.lock:
                 if error is None and not self.held:
                     disk.cleared()
                 else:
@@ -353,35 +355,35 @@ class Writer(threading.Thread):
         while self.held:
             kind, token, rows, _ = self.held[0]
             try:
-                self._spool.append(kind, token, rows)
+                self._s.spool.append(kind, token, rows)
             except OSError as ex:
-                with self._lock:
+                with self._s.lock:
                     self.held_failed_at = time.monotonic()
                     disk.backoff()
                 log.debug("store: the held batches still cannot be spooled: %s", ex)
                 self._mark_done()
                 return
-            with self._lock:
+            with self._s.lock:
                 self.held.popleft()
                 self.held_rows -= len(rows)
             if kind != "x":
-                self._c["spooled"] += len(rows)
+                self._s.counters["spooled"] += len(rows)
             self._held_written += len(rows)
         self._mark_done()
-        with self._lock:
+        with self._s.lock:
             disk.cleared(self._held_written)
         self._held_written = 0
 
     def _replay(self) -> None:
-        while self._spool.pending and self._ch_retry.due():
+        while self._s.spool.pending and self._ch_retry.due():
             progressed = False
-            for end, kind, token, n, blob in self._spool.peek():
+            for end, kind, token, n, blob in self._s.spool.peek():
                 try:
                     self._replay_one(kind, token, n, blob)
                 except Exception as ex:
                     self._mark_down(ex)
                     return
-                self._spool.advance(end)
+                self._s.spool.advance(end)
                 self._ch_retry.reset()
                 progressed = True
             if not progressed:
@@ -391,20 +393,20 @@ class Writer(threading.Thread):
         try:
             rows, keys = split_rows(blob)
         except ValueError as ex:  # a corrupt line: keep its whole text, never retry it forever
-            self._c["dead_lettered"] += n
+            self._s.counters["dead_lettered"] += n
             self._to_file(_TABLES[kind][0], token, [(blob, f"unreadable spooled batch: {ex}")])
             return
         if kind == "r":
             token, excluded = self._replay_decision(token, keys)
             if excluded:
                 drop = set(excluded)
-                self._c["deduplicated"] += sum(1 for k in keys if k in drop)
+                self._s.counters["deduplicated"] += sum(1 for k in keys if k in drop)
                 rows, keys = without(rows, keys, drop)
         delivered = self._insert_isolating(kind, token, rows) if rows else 0
         if kind in "rR":
             self.committed.add(keys)
         if kind != "x":
-            self._c["replayed"] += delivered
+            self._s.counters["replayed"] += delivered
 
     def _replay_decision(self, token: str, keys: list[str]) -> tuple[str, list[str]]:
         """(token, excluded) for a spooled runs batch not yet checked against ClickHouse.
@@ -413,29 +415,29 @@ class Writer(threading.Thread):
         with the same token (ClickHouse drops what it has and completes the view), instead of
         a fresh check that would see this batch's own rows and drop them from the view.
         """
-        decided = self._spool.decided(token)
+        decided = self._s.spool.decided(token)
         if decided is not None:
             return decided
         present = self.committed.present(self._client(), keys)
-        if self.claims is not None:  # e.g. a recovered WAL record another replica stored since
+        if self._s.claims is not None:  # e.g. a recovered WAL record another replica stored since
             present |= self._claimed_elsewhere([k for k in dict.fromkeys(keys) if k not in present])
         excluded = sorted(present)
         final = token
         if excluded:  # other content than any earlier attempt: another token
             final = f"{token}~{hashlib.sha1(' '.join(excluded).encode()).hexdigest()[:12]}"
-        self._spool.decide(token, final, excluded)
+        self._s.spool.decide(token, final, excluded)
         return final, excluded
 
     def _claimed_elsewhere(self, ids: list[str]) -> set[str]:
         """Claim ``ids`` fleet-wide (``_claims``); the ones another replica holds. Redis
         unreachable: none (fail open), counted."""
-        assert self.claims is not None
-        held = self.claims.claim(ids)
+        assert self._s.claims is not None
+        held = self._s.claims.claim(ids)
         if held is None:
-            self._c["records_unclaimed"] += len(ids)
+            self._s.counters["records_unclaimed"] += len(ids)
             return set()
         if held:
-            self._c["records_claimed_elsewhere"] += len(held)
+            self._s.counters["records_claimed_elsewhere"] += len(held)
             log.info("store: %d run records are another replica's; not stored here", len(held))
         return held
 
