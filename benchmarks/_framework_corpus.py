@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy")
 # the scripted model server (it imports its Anthropic renderers from there too)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrations"))
 
+from _indistinguishable import canon, poll_tools
 from _llm_server import LLMServer, Reply, text
 from policy_corpus import CORPUS, Trace, TraceResult, run_trace
 
@@ -73,10 +74,6 @@ _SCHEMA = {"type": "object", "properties": {}, "additionalProperties": True}
 _TRACE_TIMEOUT_S = 120.0  # a wedged framework run is an error of that trace, not a hung run
 
 
-def _canon(args: Any) -> str:
-    return json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
-
-
 def _tool_steps(trace: Trace) -> tuple | None:
     """The steps the model's turns replay: trailing steps without calls are the final answer;
     a step without calls before that (a model turn that asks for no tool and does not answer)
@@ -87,16 +84,6 @@ def _tool_steps(trace: Trace) -> tuple | None:
     if not steps or any(not s.calls for s in steps):
         return None
     return tuple(steps)
-
-
-def poll_tools(trace: Trace) -> tuple[str, ...]:
-    """A ``polling`` trace's poll tools: those it calls again with the same arguments."""
-    if "polling" not in trace.tags:
-        return ()
-    seen: collections.Counter = collections.Counter(
-        (c.tool, _canon(c.args)) for s in trace.steps for c in s.calls
-    )
-    return tuple(sorted({tool for (tool, _), n in seen.items() if n > 1}))
 
 
 class Scripted:
@@ -112,7 +99,7 @@ class Scripted:
         self._left: dict[tuple, list] = collections.defaultdict(list)
         for i, s in enumerate(steps):
             for c in s.calls:
-                self._left[(i, c.tool)].append((_canon(c.args), c.result))
+                self._left[(i, c.tool)].append((canon(c.args), c.result))
 
     def reply(self, body: dict, api: str) -> Reply:
         i, self.served = self.served, self.served + 1
@@ -128,7 +115,7 @@ class Scripted:
         its reply and the next request): by arguments, else the step's next call of that
         tool (the framework may have reshaped the arguments)."""
         self.tool_runs += 1
-        step, key = self.served - 1, _canon(args)
+        step, key = self.served - 1, canon(args)
         left = self._left.get((step, name))
         if not left:
             self.lookup_errors.append(f"step {step}: {name}({key})")

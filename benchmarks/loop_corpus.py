@@ -20,7 +20,12 @@ Usage: ``python benchmarks/loop_corpus.py [--window N] [--repeat-threshold K]
 * ``detector_us_per_call``: the detector alone (fingerprints computed beforehand, every trace
   fed whole so that two versions are timed on the same calls; best of 5), over all traces and
   over the ``reread`` ones;
-* the names of missed loops and of stopped legitimate traces, with the pattern that fired.
+* the names of missed loops and of stopped legitimate traces, with the pattern that fired;
+* ``indistinguishable_by_hashes``: the loop traces whose view up to their stop step (the
+  corpus' own, with facts) has the shape of a legitimate trace's, as far as call and result
+  fingerprints go (``benchmarks/_indistinguishable.py``): without facts or progress flags no
+  detector stops such a loop without stopping its twin, so each pair costs a miss or a false
+  positive.
 
 ``--frameworks agents,pydantic_ai`` replays the corpus through real frameworks instead
 (``guard.instrument()`` and ``@guard.run`` alone, against the scripted local model server; see
@@ -41,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "policy"))
 
+from _indistinguishable import indistinguishable
 from policy_corpus import CORPUS, run_trace
 
 from guard.policy import Fingerprinter, LoopDetector, LoopSettings
@@ -169,9 +175,23 @@ def main(argv: list[str] | None = None) -> int:
             p: sum(results[t.name].pattern == p for t in stopped_loops)
             for p in sorted({results[t.name].pattern or "" for t in stopped_loops})
         },
+        "indistinguishable_by_hashes": _twins(results, settings),
     }
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0
+
+
+def _twins(results: dict, settings: LoopSettings) -> dict:
+    """The loop traces a hash-only detector cannot tell from a legitimate one (see
+    ``_indistinguishable``), at the steps the corpus stops them with its facts."""
+    stops = {
+        t.name: results[t.name].stop_step
+        for t in CORPUS
+        if t.label == "loop" and results[t.name].stopped
+    }
+    pairs = indistinguishable(CORPUS, stops, settings)
+    twins = {name.split("@")[0] for by in pairs.values() for v in by.values() for name in v}
+    return {"loops": len(pairs), "legit": len(twins), "pairs": pairs}
 
 
 def _frameworks(args: argparse.Namespace, settings: LoopSettings) -> int:
@@ -190,6 +210,9 @@ def _frameworks(args: argparse.Namespace, settings: LoopSettings) -> int:
         },
         "quick": args.quick,
         **run(names, settings, quick=args.quick),
+        "indistinguishable_by_hashes": _twins(
+            {t.name: run_trace(t, settings) for t in CORPUS}, settings
+        ),
     }
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0
