@@ -60,6 +60,7 @@ class Native(Protocol):
     def bind(
         self, budget: type, usage: type, loop_detector: type, forecaster: type, ok: object, /
     ) -> None: ...
+
     # The record kernels (_kernels.py), which the native span applier calls.
     budget_step: Callable[..., object]
     budget_model_call: Callable[..., object]
