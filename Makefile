@@ -29,9 +29,7 @@ $(STAMP): pyproject.toml setup.py guard/policy/_speedups.c guard/server/decode/_
 	$(PY) -m pip install --upgrade --progress-bar on pip
 	@# a native extension that fails to build must not leave an older build in its place
 	@find guard -name '*$(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")' -delete
-	@# --no-compile: pip would byte-compile all ~15k files of the dependencies (about 70 s on a
-	@# busy core); Python compiles, and caches, only the modules a run imports.
-	$(PY) -m pip install --no-compile --progress-bar on -e '.[dev]'
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
