@@ -44,6 +44,8 @@ def _name(path: Path) -> str | None:
         if suffix is None:
             return None
         stem = path.name[: -len(suffix)]
+        if "." in stem:  # another Python's build (nox builds 3.12's and 3.13's in place)
+            return None
     parts = [*rel.parts[:-1], stem]
     # a module of a folder without __init__.py (none today) is not part of the package
     for depth in range(1, len(parts)):
