@@ -156,9 +156,7 @@ class Allowances:
             return None
         root = root_of(run)
         if self.ledger(root.tenant) is None:  # no window: nothing to ask for (no ceilings)
-            self.push(
-                session, AllowanceGrant(req.run_id, None, None), req.request_id
-            )  # no ceilings
+            self.push(session, AllowanceGrant(req.run_id, None, None), req.request_id)
             return None
         return root
 
