@@ -5,9 +5,10 @@ turn), the keyed fingerprints of each tool call and of its result: no facts, no 
 no raw content. Such a detector can only compare fingerprints for equality, so it cannot tell
 two traces apart when one becomes the other by a one-to-one renaming of the call fingerprints
 and of the result fingerprints, and by reordering the calls within a step (a turn's parallel
-calls come in any order); what it is told is a poll (``polls``) it can tell from the rest. If a loop trace's view up to the step where it must be stopped has
-the same shape as a legitimate trace's view up to some step, a detector that stops the loop
-there stops the legitimate trace too (or misses the loop):
+calls come in any order); a call of a declared poll it can tell from the rest. If a loop
+trace's view up to the step where it must be stopped has the same shape as a legitimate
+trace's view up to some step, a detector that stops the loop there stops the legitimate trace
+too (or misses the loop):
 
 * ``prefix``: the two views are the same from their first step (any online detector);
 * ``window``: the loop's view equals a later stretch of the legitimate trace (a detector whose

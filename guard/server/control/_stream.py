@@ -192,9 +192,8 @@ class ControlServicer(guard_pb2_grpc.GuardControlServicer):
                         await self._hello(session, msg.hello, principal)
                     elif body == "batch":
                         try:
-                            wire.check_batch(
-                                msg.batch
-                            )  # then each message at its turn, as if alone
+                            # then each message at its turn, as if alone
+                            wire.check_batch(msg.batch)
                         except InvalidInput as exc:  # none of it applies; the stream goes on
                             refuse(registry, session, msg, body, exc)
                             continue

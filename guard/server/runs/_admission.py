@@ -14,7 +14,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from guard.errors import InvalidInput
 from guard.policy import (
@@ -37,9 +37,6 @@ from guard.server.runtime._ordered import OrderedSet
 from guard.server.tenants._allowances import spend_of
 from guard.v1 import guard_pb2 as pb
 from guard.wire import admit_to_pb, limits_from_pb, usage_from_pb
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 __all__ = ["Admission"]
 
