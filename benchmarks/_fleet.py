@@ -1,4 +1,4 @@
-"""The fleet-shaped ingest load of ``bench_ingest.py --load fleet`` (DESIGN §5).
+"""The fleet-shaped ingest load of ``bench_ingest.py --load fleet``.
 
 * The spans are what the real SDK exports: :func:`capture` runs guarded runs (a model call,
   two tool calls and a step end per step, then the run span) in a child process whose span

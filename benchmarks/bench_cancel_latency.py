@@ -8,7 +8,7 @@ is the guard's decision. Each iteration is one run: step 1 and step 2 report
 has ended) and stops in the run's ``on_cancel`` callback. Prints JSON (milliseconds).
 Goals: p50 <= 15 ms, p99 <= 50 ms.
 
-``--mode cross`` (issue 12): two replicas (``serve`` with ``OTEL_GUARD_REDIS_URL``) share a
+``--mode cross``: two replicas (``serve`` with ``OTEL_GUARD_REDIS_URL``) share a
 real redis-server; the agent's spans go to replica X (``span_endpoint``) and its control
 stream to replica Y, so X decides and the cancel reaches Y over the Redis directive bus.
 ``--mode all`` (the default) measures, in the same run: ``single`` (one guard, no Redis),

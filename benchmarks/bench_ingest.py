@@ -1,6 +1,6 @@
 """Ingest throughput: spans per CPU-second of the receiving process, against baselines.
 
-``--load fleet`` (the default; DESIGN §5, see ``_fleet_bench`` for the method): the spans the
+``--load fleet`` (the default; see ``_fleet_bench`` for the method): the spans the
 real SDK exports for guarded runs (run span, steps, model calls, tool calls), replayed under
 fresh run ids for 8 tenants with caps, three rolling windows each and bearer tokens; every run
 registered, admitted, acked, heart-beaten and ended over its tenant's control stream, new runs

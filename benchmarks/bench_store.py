@@ -1,6 +1,6 @@
 """Store benchmark: run records/s into the embedded ClickHouse, and report/dashboard query p95.
 
-Prints one JSON object. Goals (DESIGN §5): ``Store.write_run`` until committed >= 0.8x a bare
+Prints one JSON object. Goals: ``Store.write_run`` until committed >= 0.8x a bare
 clickhouse-connect native insert of the same rows (and >= 50k records/s). ``ingest`` runs, in
 one engine and interleaved over ``--trials`` rounds (the order rotates, so background merges of
 earlier rounds fall on every variant alike; median of the rounds):

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 # name -> (script, full args, quick args)
 BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
-    # the fleet-shaped load (DESIGN §5), median of 5 trials, the pure-Python guard beside it
+    # the fleet-shaped load, median of 5 trials, the pure-Python guard beside it
     "ingest": ("bench_ingest.py", ["--pure-python"], ["--runs", "1", "--requests", "40"]),
     # the synthetic load of the earlier issues, to compare with their figures
     "ingest_simple": (
